@@ -68,7 +68,11 @@ class Message:
         d: dict[str, Any] = {"role": self.role, "content": self.content}
         if self.tool_calls:
             d["tool_calls"] = [
-                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                }
                 for c in self.tool_calls
             ]
         if self.name is not None:
@@ -251,7 +255,13 @@ class Trajectory:
         self.token_ids.extend(ids)
         self.loss_mask.extend([1] * len(ids))
         self.logprobs.extend(float(x) for x in logprobs)
-        turn = Turn(start=start, end=len(self.token_ids), obs_end=len(self.token_ids), text=text, finish=finish)
+        turn = Turn(
+            start=start,
+            end=len(self.token_ids),
+            obs_end=len(self.token_ids),
+            text=text,
+            finish=finish,
+        )
         self.turns.append(turn)
         return turn
 
@@ -356,3 +366,28 @@ class RolloutBatch:
     @property
     def size(self) -> int:
         return int(self.input_ids_BT.shape[0])
+
+
+@dataclass
+class StepContext:
+    """Everything a process reward may look at for one step (pure data, no env handle).
+
+    Attributes:
+        task: the episode's task.
+        turn: 0-based index of this turn.
+        text: the agent turn's text.
+        calls: well-formed tool calls of the turn.
+        results: their results, same order.
+        parse_errors: kinds of the malformed pieces of the turn.
+        answer: the final answer, if the turn gave one.
+        previous: contexts of the earlier steps of the episode, oldest first.
+    """
+
+    task: Task
+    turn: int
+    text: str
+    calls: list[ToolCall]
+    results: list[ToolResult]
+    parse_errors: list[str]
+    answer: str | None
+    previous: list[StepContext] = field(default_factory=list)

@@ -1,0 +1,378 @@
+"""The ``hf`` Generator: batched sampling with a transformers model, on CPU or GPU.
+
+Notation: B batch rows, T sequence positions (prompt, then prompt + generated), V vocab.
+
+How a batch is generated (``HFGenerator.generate``):
+
+1. Prompts are sorted by length, cut into chunks of ``batch_size`` and each chunk is
+   **left-padded** into ``ids_BT`` with ``mask_BT`` (1 = real token). Left padding puts
+   every row's next token in the same last column, so one decode step serves all rows.
+   ``position_ids`` count real tokens only (``cumsum(mask) - 1``): a padded row sees the
+   same rotary positions as it would alone, which is what makes batched output equal
+   unbatched output.
+2. **Prefill**: one forward over the whole chunk fills a ``DynamicCache`` and returns
+   logits for the last column only (``logits_to_keep=1``): the [B, T, V] logits of the
+   prompt are never built.
+3. **Decode**: one forward per new token feeds the sampled token (``[B, 1]``) at the next
+   position of each row, appends a column of ones to the mask, and reuses the cache.
+   Rows that have finished are fed the pad token and their outputs are frozen; the loop
+   ends when every row has finished. Everything runs under ``torch.inference_mode()``
+   with the model in eval mode (its previous mode is restored afterwards).
+
+Log-prob semantics (what RL needs as "old log-probs"): each returned log-prob is that of
+the sampled token under the distribution it was actually sampled from, computed in
+float32 from the last position's logits: ``log_softmax(logits / temperature)`` then top-p
+truncation and renormalisation (``sampling_logprobs``; the same nucleus rule as
+transformers' ``TopPLogitsWarper``). With ``temperature == 0`` the token is the argmax and
+its log-prob is ``log_softmax`` of the raw logits (top-p does not apply). A trainer that
+recomputes log-probs should use ``sampling_logprobs`` with the same settings.
+
+Stops: a token in ``params.stop_token_ids`` or a string of ``params.stop`` found in the
+decoded generated text ends a row with finish "stop", the stopping token kept; reaching
+``max_new_tokens`` ends it with "length". The model's EOS token is NOT implied: pass it in
+``stop_token_ids`` (the rollout does, from the tokenizer), so stopping is only what the
+params say. Stop strings are searched in a decoded tail window of the generated tokens,
+never in the prompt.
+
+Sampling with a ``seed`` is reproducible for the same prompts, ``batch_size`` and device;
+each row's draw depends on the batch it sits in, so changing ``batch_size`` changes
+sampled (not greedy) outputs.
+
+Swapping in a faster engine: the rollout depends only on the ``Generator`` protocol in
+``backends/base.py`` (token ids in, ``Completion`` out). A vLLM or SGLang backend wraps
+its engine's generate call with ``SamplingParams`` mapped one-to-one (``logprobs=0`` to
+get the sampled token's log-prob, ``stop_token_ids``, ``stop``, ``include_stop_str_in_output``,
+and no implicit EOS, e.g. vLLM's ``ignore_eos=True``), imports the engine lazily, and is
+checked against this module with the log-prob recomputation test in
+``tests/test_hf_backend.py``. Engines that report log-probs of the raw (untempered)
+distribution need a correction before their numbers can be PPO's old log-probs.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from agentr1.backends.base import Completion, SamplingParams
+
+STOP_WINDOW_SLACK = 8
+"""Extra tokens decoded beyond the longest stop string when checking stop strings.
+
+A stop string of n characters spans at most n tokens when every token decodes to at
+least one character; the slack covers tokens that decode to nothing and keeps the
+window's first token (whose decoding may lose a leading space) out of any match.
+"""
+
+
+class TokenDecoder(Protocol):
+    """The one tokenizer method the generator needs: ids to text, for stop strings."""
+
+    def decode(self, token_ids: list[int]) -> str: ...
+
+
+@dataclass
+class GenerationStats:
+    """Totals for one ``generate`` call (``HFGenerator.last_stats``).
+
+    Attributes:
+        num_prompts: prompts in the call.
+        prompt_tokens: real (unpadded) prompt tokens.
+        new_tokens: sampled tokens returned, stop tokens included.
+        forward_passes: model forwards (prefills plus decode steps) over all chunks.
+        wall_s: wall-clock seconds for the whole call.
+    """
+
+    num_prompts: int = 0
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    forward_passes: int = 0
+    wall_s: float = 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Generated tokens per wall-clock second."""
+        return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        """Flat numbers for a metrics log."""
+        return {
+            "num_prompts": float(self.num_prompts),
+            "prompt_tokens": float(self.prompt_tokens),
+            "new_tokens": float(self.new_tokens),
+            "forward_passes": float(self.forward_passes),
+            "wall_s": self.wall_s,
+            "tokens_per_s": self.tokens_per_s,
+        }
+
+
+def sampling_logprobs(logits_BV: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """Log-probs of the distribution tokens are sampled from, in float32.
+
+    ``temperature == 0`` (greedy) gives ``log_softmax(logits)``, untempered and without
+    top-p. Otherwise ``log_softmax(logits / temperature)``; then, if ``top_p < 1``, the
+    nucleus is the smallest set of most likely tokens whose mass reaches ``top_p`` (a
+    token is dropped when the mass of the tokens ranked above it is already >= top_p;
+    the top token is always kept), everything else gets ``-inf`` and the rest is
+    renormalised. Works on any leading shape ``[..., V]``.
+    """
+    logits_BV = logits_BV.float()
+    if temperature == 0:
+        return torch.log_softmax(logits_BV, dim=-1)
+    logprobs_BV = torch.log_softmax(logits_BV / temperature, dim=-1)
+    if top_p >= 1.0:
+        return logprobs_BV
+    sorted_BV, order_BV = logprobs_BV.sort(dim=-1, descending=True)
+    probs_BV = sorted_BV.exp()
+    mass_above_BV = probs_BV.cumsum(dim=-1) - probs_BV
+    drop_sorted_BV = mass_above_BV >= top_p
+    drop_BV = drop_sorted_BV.scatter(-1, order_BV, drop_sorted_BV)
+    logprobs_BV = logprobs_BV.masked_fill(drop_BV, float("-inf"))
+    return logprobs_BV - logprobs_BV.logsumexp(dim=-1, keepdim=True)
+
+
+def sample_next(
+    logits_BV: torch.Tensor, params: SamplingParams, rng: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick one token per row; return ``(tokens_B, logprobs_B)`` (see ``sampling_logprobs``)."""
+    logprobs_BV = sampling_logprobs(logits_BV, params.temperature, params.top_p)
+    if params.temperature == 0:
+        tokens_B = logprobs_BV.argmax(dim=-1)
+    else:
+        tokens_B = torch.multinomial(logprobs_BV.exp(), 1, generator=rng).squeeze(-1)
+    return tokens_B, logprobs_BV.gather(-1, tokens_B[:, None]).squeeze(-1)
+
+
+def left_pad(
+    prompts: list[list[int]], pad_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Left-pad prompts; return ``(ids_BT, mask_BT, position_ids_BT)``.
+
+    Positions count real tokens only, so the first real token of every row is position 0
+    (pad columns get 0 too; they are masked out and never attended to).
+    """
+    width = max(len(p) for p in prompts)
+    ids_BT = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask_BT = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids_BT[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+        mask_BT[row, width - len(prompt) :] = 1
+    position_ids_BT = (mask_BT.cumsum(dim=-1) - 1).clamp(min=0)
+    return ids_BT.to(device), mask_BT.to(device), position_ids_BT.to(device)
+
+
+def ends_with_stop_string(
+    token_ids: list[int], stops: tuple[str, ...], tokenizer: TokenDecoder
+) -> bool:
+    """Whether the decoded tail of ``token_ids`` contains one of ``stops``.
+
+    Called after every new token, so a string found in the tail window was completed by
+    the newest token: any earlier occurrence lies in the previous, overlapping window and
+    would have stopped generation already.
+    """
+    window = max(len(s) for s in stops) + STOP_WINDOW_SLACK
+    text = tokenizer.decode(token_ids[-window:])
+    return any(s in text for s in stops)
+
+
+class HFGenerator:
+    """Samples continuations of token-id prompts with a transformers causal LM.
+
+    Implements the ``Generator`` protocol with its own prefill + KV-cache decode loop (no
+    ``model.generate``), so the log-prob of every sampled token is exact and cheap; see
+    the module docstring for padding, cache and log-prob semantics.
+
+    Args:
+        model: a loaded ``PreTrainedModel`` (any device, any dtype; log-probs are float32).
+            It is shared, not copied: a trainer updating its weights updates the sampler.
+        tokenizer: anything with ``decode(ids) -> str``; needed only for stop strings.
+        batch_size: prompts per forward chunk; ``None`` runs all prompts in one chunk.
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: TokenDecoder | None = None,
+        batch_size: int | None = None,
+    ) -> None:
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.last_stats = GenerationStats()
+        pad = model.config.pad_token_id
+        # Any valid id works as padding: it is masked out everywhere.
+        self.pad_id: int = pad if isinstance(pad, int) and 0 <= pad < _vocab_size(model) else 0
+        forward_args = inspect.signature(model.forward).parameters
+        # transformers 5.x renamed ``past_key_values`` to ``cache`` (the old name is a
+        # deprecated alias until 5.40); 4.x only knows ``past_key_values``.
+        self._cache_kwarg = "cache" if "cache" in forward_args else "past_key_values"
+        self._keep_kwarg = next(
+            (k for k in ("logits_to_keep", "num_logits_to_keep") if k in forward_args), None
+        )
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        *,
+        dtype: torch.dtype | str = "auto",
+        device: str | torch.device | None = None,
+        batch_size: int | None = None,
+        gguf_file: str | None = None,
+        **model_kwargs: Any,
+    ) -> HFGenerator:
+        """Load model and tokenizer from a local directory or a hub id.
+
+        Args:
+            path: directory written by ``save_pretrained``, or a hub id.
+            dtype: model dtype; "auto" keeps the checkpoint's.
+            device: "cpu", "cuda", ...; default is CUDA when available, else CPU.
+            batch_size: see the class docstring.
+            gguf_file: name of a GGUF file inside ``path`` (loads dequantized).
+            **model_kwargs: passed to ``AutoModelForCausalLM.from_pretrained``
+                (e.g. ``attn_implementation``).
+        """
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        gguf: dict[str, Any] = {"gguf_file": gguf_file} if gguf_file else {}
+        tokenizer = AutoTokenizer.from_pretrained(path, **gguf)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **gguf, **model_kwargs)
+        return cls(model.to(device).eval(), tokenizer, batch_size=batch_size)
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        """Sample one completion per prompt; the i-th completion continues ``prompts[i]``.
+
+        Each ``Completion.metrics`` holds ``prompt_tokens`` and ``new_tokens``; totals,
+        wall time and tokens/s for the call are in ``self.last_stats``.
+        """
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer to decode generated tokens")
+        start = time.perf_counter()
+        self.last_stats = GenerationStats(
+            num_prompts=len(prompts), prompt_tokens=sum(len(p) for p in prompts)
+        )
+        rng = None
+        if params.seed is not None:
+            rng = torch.Generator(device=self.model.device).manual_seed(params.seed)
+        # Longest first: chunks then hold prompts of similar length (less padding).
+        order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
+        chunk = self.batch_size or max(len(prompts), 1)
+        results: dict[int, Completion] = {}
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.inference_mode():
+                for lo in range(0, len(order), chunk):
+                    rows = order[lo : lo + chunk]
+                    done = self._generate_chunk([prompts[i] for i in rows], params, rng)
+                    results.update(zip(rows, done, strict=True))
+        finally:
+            self.model.train(was_training)
+        stats = self.last_stats
+        stats.new_tokens = sum(len(c.token_ids) for c in results.values())
+        stats.wall_s = time.perf_counter() - start
+        return [results[i] for i in range(len(prompts))]
+
+    def _forward(
+        self,
+        ids_BT: torch.Tensor,
+        mask_BT: torch.Tensor,
+        position_ids_BT: torch.Tensor,
+        cache: DynamicCache,
+    ) -> torch.Tensor:
+        """One cached forward; return float32 logits of the last column, ``logits_BV``."""
+        kwargs: dict[str, Any] = {self._cache_kwarg: cache}
+        if self._keep_kwarg is not None:
+            kwargs[self._keep_kwarg] = 1
+        out = self.model(
+            input_ids=ids_BT,
+            attention_mask=mask_BT,
+            position_ids=position_ids_BT,
+            use_cache=True,
+            **kwargs,
+        )
+        self.last_stats.forward_passes += 1
+        return out.logits[:, -1, :].float()
+
+    def _generate_chunk(
+        self, prompts: list[list[int]], params: SamplingParams, rng: torch.Generator | None
+    ) -> list[Completion]:
+        """Prefill then decode one left-padded chunk until every row has finished."""
+        device = self.model.device
+        ids_BT, mask_BT, position_ids_BT = left_pad(prompts, self.pad_id, device)
+        cache = _new_cache(self.model)
+        logits_BV = self._forward(ids_BT, mask_BT, position_ids_BT, cache)
+        next_pos_B1 = mask_BT.sum(dim=-1, keepdim=True)  # position of the next token per row
+        stop_ids = set(params.stop_token_ids)
+
+        n = len(prompts)
+        tokens: list[list[int]] = [[] for _ in range(n)]
+        logprobs: list[list[float]] = [[] for _ in range(n)]
+        finish: list[Literal["stop", "length"] | None] = [None] * n
+        for step in range(params.max_new_tokens):
+            tokens_B, logprobs_B = sample_next(logits_BV, params, rng)
+            for row, (tok, lp) in enumerate(
+                zip(tokens_B.tolist(), logprobs_B.tolist(), strict=True)
+            ):
+                if finish[row] is not None:
+                    continue  # frozen: this row was fed padding
+                tokens[row].append(tok)
+                logprobs[row].append(lp)
+                if self._is_stop(tokens[row], params, stop_ids):
+                    finish[row] = "stop"
+                elif len(tokens[row]) == params.max_new_tokens:
+                    finish[row] = "length"
+            if all(f is not None for f in finish) or step == params.max_new_tokens - 1:
+                break
+            done_B = torch.tensor([f is not None for f in finish], device=device)
+            feed_B1 = torch.where(done_B, self.pad_id, tokens_B)[:, None]
+            mask_BT = torch.cat([mask_BT, torch.ones_like(mask_BT[:, :1])], dim=-1)
+            logits_BV = self._forward(feed_B1, mask_BT, next_pos_B1, cache)
+            next_pos_B1 = next_pos_B1 + 1
+
+        return [
+            Completion(
+                token_ids=tokens[row],
+                logprobs=logprobs[row],
+                finish_reason=finish[row] or "length",
+                metrics={
+                    "prompt_tokens": float(len(prompts[row])),
+                    "new_tokens": float(len(tokens[row])),
+                },
+            )
+            for row in range(n)
+        ]
+
+    def _is_stop(self, row_tokens: list[int], params: SamplingParams, stop_ids: set[int]) -> bool:
+        """Whether the newest token of a row ends it (stop token, or completes a stop string)."""
+        if row_tokens[-1] in stop_ids:
+            return True
+        if not params.stop:
+            return False
+        if self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer to decode generated tokens")
+        return ends_with_stop_string(row_tokens, params.stop, self.tokenizer)
+
+
+def _vocab_size(model: PreTrainedModel) -> int:
+    """Rows of the input embedding (the ids the model accepts)."""
+    return int(model.get_input_embeddings().weight.shape[0])
+
+
+def _new_cache(model: PreTrainedModel) -> DynamicCache:
+    """An empty KV cache laid out for ``model`` (sliding-window layers included)."""
+    try:
+        return DynamicCache(config=model.config)
+    except TypeError:  # transformers 4.x: no config argument, layers created lazily
+        return DynamicCache()

@@ -1,0 +1,217 @@
+"""ToolEnv: interprets agent turns — runs tool calls, decides transitions and rewards.
+
+A Tool executes; the ToolEnv says what it means. One ToolEnv instance runs one episode:
+``reset(task)`` gives the opening messages, each ``await step(text)`` interprets one agent
+turn, and ``finish(stop_reason)`` scores the outcome when the episode ends.
+
+Failure policy (DESIGN.md §3): malformed calls, unknown tools, bad arguments, tool
+exceptions, timeouts and garbage outputs become tool messages the model reads plus
+counters in ``StepResult.metrics``. Nothing a model writes or a tool does raises out of
+``step``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentr1.envs.parsers import HermesParser, TurnParser
+from agentr1.rewards.qa import cover_exact_match, exact_match, f1_score
+from agentr1.tools.base import Tool, ToolArgumentError, tool_schema
+from agentr1.types import (
+    Message,
+    StepContext,
+    StepResult,
+    StopReason,
+    Task,
+    ToolCall,
+    ToolResult,
+)
+
+ProcessReward = Callable[[StepContext], float]
+"""A process reward: one step's context -> reward placed on that turn's last token."""
+
+OutcomeReward = Callable[[str | None, Task], float]
+"""An outcome reward: (final answer or None, task) -> reward on the last sampled token."""
+
+DEFAULT_SYSTEM_PROMPT = (
+    "Answer the question. You can search an encyclopedia by writing "
+    '<tool_call>{"name": "search", "arguments": {"query": "..."}}</tool_call> '
+    "and read the results. Search as often as you need, then give the final answer as "
+    "<answer>...</answer>."
+)
+
+ERROR_KINDS = (
+    "parse_errors",
+    "unknown_tool",
+    "bad_arguments",
+    "tool_exception",
+    "tool_timeout",
+    "tool_bad_output",
+)
+
+
+def em_reward(answer: str | None, task: Task) -> float:
+    """The default outcome reward: exact match, i.e. the evaluation metric itself."""
+    return exact_match(answer, task.answers)
+
+
+@dataclass
+class ToolEnv:
+    """A multi-turn environment where the agent acts by calling tools.
+
+    Attributes:
+        tools: the tools the agent may call, by their ``name``.
+        parser: reads agent turns (Hermes/Qwen tags by default).
+        system_prompt: first message of every episode (None: no system message).
+        process_reward: per-step reward hook (None: no process reward).
+        outcome_reward: final reward from (answer, task); exact match by default.
+        max_observation_chars: tool outputs longer than this are cut (and counted).
+        default_timeout_s: timeout for tools that declare none.
+    """
+
+    tools: Sequence[Tool]
+    parser: TurnParser = field(default_factory=HermesParser)
+    system_prompt: str | None = DEFAULT_SYSTEM_PROMPT
+    process_reward: ProcessReward | None = None
+    outcome_reward: OutcomeReward = em_reward
+    max_observation_chars: int = 4000
+    default_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        names = [t.name for t in self.tools]
+        if len(set(names)) != len(names):
+            raise ValueError(f"tool names must be unique, got {names}")
+        self._by_name = {t.name: t for t in self.tools}
+        self.task: Task | None = None
+        self.history: list[StepContext] = []
+
+    @property
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """OpenAI-style tool schemas for chat templates that render ``tools=``."""
+        return [tool_schema(t) for t in self.tools]
+
+    def reset(self, task: Task) -> list[Message]:
+        """Start an episode on ``task``; returns the opening messages."""
+        self.task = task
+        self.history = []
+        msgs = [Message("system", self.system_prompt)] if self.system_prompt else []
+        return [*msgs, Message("user", task.question)]
+
+    async def step(self, text: str) -> StepResult:
+        """Interpret one agent turn. Never raises on model or tool behaviour."""
+        if self.task is None:
+            raise RuntimeError("ToolEnv.step called before reset(task)")
+        turn = len(self.history)
+        parsed = self.parser.parse(text, turn)
+        metrics: dict[str, float] = dict.fromkeys(ERROR_KINDS, 0.0)
+        metrics["parse_errors"] = float(len(parsed.errors))
+        metrics["tool_calls"] = float(len(parsed.calls))
+
+        results: list[ToolResult] = []
+        observation: list[Message] = []
+        done, stop = False, None
+        if parsed.answer is not None:
+            # An answer ends the episode; calls in the same turn are not executed.
+            done, stop = True, StopReason.ANSWERED
+            metrics["tool_calls"] = 0.0
+            metrics["calls_ignored"] = float(len(parsed.calls))
+            calls: list[ToolCall] = []
+        elif not parsed.calls and not parsed.errors:
+            done, stop = True, StopReason.NO_TOOL_CALL
+            calls = []
+        else:
+            calls = parsed.calls
+            results = list(await asyncio.gather(*(self._run(c) for c in calls)))
+            for c, r in zip(calls, results, strict=True):
+                if not r.ok:
+                    kind = str(r.metadata.get("error", "tool_exception"))
+                    metrics[kind] = metrics.get(kind, 0.0) + 1
+                observation.append(Message("tool", r.content, name=c.name, tool_call_id=c.id))
+            for e in parsed.errors:
+                observation.append(Message("tool", e.message, name="error"))
+
+        ctx = StepContext(
+            task=self.task,
+            turn=turn,
+            text=text,
+            calls=calls,
+            results=results,
+            parse_errors=[e.kind for e in parsed.errors],
+            answer=parsed.answer,
+            previous=list(self.history),
+        )
+        reward = self._process_reward(ctx, metrics)
+        self.history.append(ctx)
+        return StepResult(
+            observation=observation,
+            reward=reward,
+            done=done,
+            stop_reason=stop,
+            tool_calls=calls,
+            tool_results=results,
+            answer=parsed.answer,
+            metrics=metrics,
+        )
+
+    def finish(self, answer: str | None) -> tuple[float, dict[str, float]]:
+        """Score the episode's outcome: (outcome reward, eval metrics EM / F1 / cover-EM)."""
+        assert self.task is not None, "finish called before reset"
+        golds = self.task.answers
+        metrics = {
+            "em": exact_match(answer, golds),
+            "f1": f1_score(answer, golds),
+            "cover_em": cover_exact_match(answer, golds),
+        }
+        try:
+            reward = float(self.outcome_reward(answer, self.task))
+        except Exception:  # a broken reward function must not kill the run: count it
+            metrics["reward_errors"] = 1.0
+            reward = 0.0
+        return reward, metrics
+
+    def _process_reward(self, ctx: StepContext, metrics: dict[str, float]) -> float:
+        if self.process_reward is None:
+            return 0.0
+        try:
+            return float(self.process_reward(ctx))
+        except Exception:
+            metrics["reward_errors"] = metrics.get("reward_errors", 0.0) + 1
+            return 0.0
+
+    async def _run(self, call: ToolCall) -> ToolResult:
+        """Execute one call; every failure becomes a ToolResult with ``ok=False``."""
+        t = self._by_name.get(call.name)
+        if t is None:
+            known = ", ".join(sorted(self._by_name)) or "none"
+            return _error(
+                "unknown_tool", f"Error: unknown tool {call.name!r}. Available tools: {known}."
+            )
+        timeout = float(getattr(t, "timeout_s", 0) or self.default_timeout_s)
+        try:
+            out: Any = await asyncio.wait_for(t(**call.arguments), timeout=timeout)
+        except ToolArgumentError as e:
+            return _error("bad_arguments", f"Error: bad arguments for {call.name}: {e}")
+        except TypeError as e:  # a plain callable rejecting the keywords
+            return _error("bad_arguments", f"Error: bad arguments for {call.name}: {e}")
+        except TimeoutError:
+            return _error(
+                "tool_timeout", f"Error: {call.name} did not answer within {timeout:g} s."
+            )
+        except Exception as e:
+            msg = str(e)[:300]
+            return _error("tool_exception", f"Error: {call.name} failed: {type(e).__name__}: {msg}")
+        if isinstance(out, str):
+            out = ToolResult(content=out)
+        if not isinstance(out, ToolResult) or not isinstance(out.content, str):
+            return _error("tool_bad_output", f"Error: {call.name} returned no readable text.")
+        if len(out.content) > self.max_observation_chars:
+            cut = out.content[: self.max_observation_chars] + " ...[truncated]"
+            out = ToolResult(content=cut, ok=out.ok, metadata={**out.metadata, "truncated": True})
+        return out
+
+
+def _error(kind: str, message: str) -> ToolResult:
+    return ToolResult(content=message, ok=False, metadata={"error": kind})

@@ -1,0 +1,182 @@
+"""Turn parsers: agent text -> tool calls, parse errors and the final answer.
+
+The default is the Hermes / Qwen format::
+
+    <tool_call>{"name": "search", "arguments": {"query": "Velmora"}}</tool_call>
+    <answer>Port Azel</answer>
+
+Several calls per turn are allowed. Parsers never raise on model output: every malformed
+piece becomes a `ParseError` that the env turns into a tool message and a metric.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from agentr1.types import ToolCall
+
+
+@dataclass(frozen=True)
+class ParseError:
+    """One malformed piece of an agent turn.
+
+    Attributes:
+        kind: "malformed_json", "not_an_object", "missing_name", "bad_arguments",
+            "unclosed_tag", "nested_tag" or "too_many_calls".
+        raw: the offending text (truncated for logs).
+        message: what the model is told, naming what is expected.
+    """
+
+    kind: str
+    raw: str
+    message: str
+
+
+@dataclass
+class ParsedTurn:
+    """What one agent turn contains.
+
+    Attributes:
+        calls: well-formed tool calls, in order.
+        errors: malformed calls or tags.
+        answer: final answer text (stripped) if the turn gave one, else None.
+    """
+
+    calls: list[ToolCall] = field(default_factory=list)
+    errors: list[ParseError] = field(default_factory=list)
+    answer: str | None = None
+
+
+class TurnParser(Protocol):
+    """Anything that can read an agent turn."""
+
+    def parse(self, text: str, turn_index: int = 0) -> ParsedTurn: ...
+
+
+_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
+
+
+def _clip(s: str, n: int = 200) -> str:
+    return s if len(s) <= n else s[:n] + "..."
+
+
+@dataclass
+class HermesParser:
+    """`<tool_call>{json}</tool_call>` calls and an `<answer>...</answer>` final answer.
+
+    Attributes:
+        max_calls: calls beyond this many in one turn become "too_many_calls" errors.
+        call_open, call_close, answer_open, answer_close: the tags.
+    """
+
+    max_calls: int = 4
+    call_open: str = "<tool_call>"
+    call_close: str = "</tool_call>"
+    answer_open: str = "<answer>"
+    answer_close: str = "</answer>"
+
+    def parse(self, text: str, turn_index: int = 0) -> ParsedTurn:
+        """Parse one turn; reasoning inside ``<think>...</think>`` is ignored.
+
+        >>> p = HermesParser().parse('<tool_call>{"name": "s", "arguments": {"q": 1}}</tool_call>')
+        >>> p.calls[0].name, p.calls[0].arguments, p.errors, p.answer
+        ('s', {'q': 1}, [], None)
+        >>> HermesParser().parse("So: <answer> Paris </answer>").answer
+        'Paris'
+        """
+        out = ParsedTurn()
+        text = _THINK.sub("", text)
+        pos = 0
+        while True:
+            start = text.find(self.call_open, pos)
+            if start < 0:
+                break
+            body_start = start + len(self.call_open)
+            end = text.find(self.call_close, body_start)
+            if end < 0:
+                out.errors.append(
+                    ParseError(
+                        "unclosed_tag",
+                        _clip(text[start:]),
+                        f"Error: {self.call_open} was not closed with {self.call_close}.",
+                    )
+                )
+                break
+            body = text[body_start:end]
+            pos = end + len(self.call_close)
+            if self.call_open in body:
+                out.errors.append(
+                    ParseError(
+                        "nested_tag",
+                        _clip(text[start:pos]),
+                        f"Error: {self.call_open} blocks cannot be nested.",
+                    )
+                )
+                continue
+            if len(out.calls) >= self.max_calls:
+                out.errors.append(
+                    ParseError(
+                        "too_many_calls",
+                        _clip(body),
+                        f"Error: at most {self.max_calls} tool calls per turn; this one was skipped.",
+                    )
+                )
+                continue
+            call, err = self._call(body, turn_index, len(out.calls))
+            if err is not None:
+                out.errors.append(err)
+            elif call is not None:
+                out.calls.append(call)
+        out.answer = self._answer(text, out)
+        return out
+
+    def _call(self, body: str, turn: int, index: int) -> tuple[ToolCall | None, ParseError | None]:
+        expected = 'expected {"name": <tool name>, "arguments": {<argument>: <value>}}'
+        try:
+            obj = json.loads(body.strip())
+        except json.JSONDecodeError as e:
+            return None, ParseError(
+                "malformed_json",
+                _clip(body),
+                f"Error: the tool call is not valid JSON ({e.msg}); {expected}.",
+            )
+        if not isinstance(obj, dict):
+            return None, ParseError("not_an_object", _clip(body), f"Error: {expected}.")
+        name = obj.get("name")
+        if not isinstance(name, str) or not name.strip():
+            return None, ParseError(
+                "missing_name", _clip(body), f"Error: missing tool name; {expected}."
+            )
+        args = obj.get("arguments", obj.get("parameters", {}))
+        if isinstance(args, str):  # some models double-encode the arguments
+            with contextlib.suppress(json.JSONDecodeError):
+                args = json.loads(args) if args.strip() else {}
+        if not isinstance(args, dict):
+            return None, ParseError(
+                "bad_arguments",
+                _clip(body),
+                f'Error: "arguments" must be a JSON object; {expected}.',
+            )
+        return ToolCall(
+            name=name.strip(), arguments=args, id=f"call_{turn}_{index}", raw=body
+        ), None
+
+    def _answer(self, text: str, out: ParsedTurn) -> str | None:
+        start = text.rfind(self.answer_open)
+        if start < 0:
+            return None
+        end = text.find(self.answer_close, start)
+        if end < 0:
+            out.errors.append(
+                ParseError(
+                    "unclosed_tag",
+                    _clip(text[start:]),
+                    f"Error: {self.answer_open} was not closed with {self.answer_close}.",
+                )
+            )
+            return None
+        return text[start + len(self.answer_open) : end].strip()

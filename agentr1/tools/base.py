@@ -1,0 +1,247 @@
+"""The Tool protocol and the `@tool` decorator.
+
+A Tool executes one action and reports what happened (`ToolResult`); it does not decide
+what the result means for the episode — that is `ToolEnv`'s job.
+
+`@tool` turns a typed, documented Python function into a Tool: the JSON schema of its
+parameters (OpenAI function-calling convention, so chat templates that take ``tools=``
+render it) comes from the type hints, and the descriptions from the Google-style
+docstring. Sync functions run in a thread pool; every call has a timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import re
+import types
+import typing
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from agentr1.types import ToolResult
+
+# A dedicated pool: a hung sync tool occupies one of these threads until it returns (a
+# thread cannot be killed), and must not starve asyncio's default executor.
+_POOL = ThreadPoolExecutor(max_workers=16, thread_name_prefix="agentr1-tool")
+
+
+class ToolArgumentError(ValueError):
+    """Arguments that do not match the tool's schema; the message is shown to the model."""
+
+
+@runtime_checkable
+class Tool(Protocol):
+    """Executes one action.
+
+    Attributes:
+        name: identifier the model uses to call it.
+        description: one-paragraph description shown to the model.
+        parameters: JSON schema (``{"type": "object", "properties": ..., "required": ...}``).
+        timeout_s: seconds a call may take before it is abandoned.
+    """
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    timeout_s: float
+
+    async def __call__(self, **arguments: Any) -> ToolResult: ...
+
+
+def tool_schema(t: Tool) -> dict[str, Any]:
+    """The OpenAI-style entry for ``tools=`` in chat templates."""
+    return {
+        "type": "function",
+        "function": {"name": t.name, "description": t.description, "parameters": t.parameters},
+    }
+
+
+_JSON_TYPES: dict[Any, str] = {
+    str: "string",
+    int: "integer",
+    float: "number",
+    bool: "boolean",
+    list: "array",
+    dict: "object",
+}
+
+
+def _json_type(annotation: Any) -> dict[str, Any]:
+    """JSON schema for one Python annotation (str/int/float/bool/list[X]/dict/Literal/Optional)."""
+    origin = typing.get_origin(annotation)
+    if annotation in _JSON_TYPES:
+        return {"type": _JSON_TYPES[annotation]}
+    if origin is typing.Literal:
+        values = list(typing.get_args(annotation))
+        return {"type": _JSON_TYPES[type(values[0])], "enum": values}
+    if origin in (list, tuple):
+        args = typing.get_args(annotation)
+        return {"type": "array", "items": _json_type(args[0])} if args else {"type": "array"}
+    if origin is dict:
+        return {"type": "object"}
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) == 1:
+            return _json_type(args[0])
+    raise TypeError(f"unsupported parameter annotation {annotation!r} for a tool")
+
+
+_ARGS_HEADER = re.compile(r"^\s*(Args|Arguments|Parameters):\s*$")
+_ARG_LINE = re.compile(r"^\s*(\w+)\s*(\([^)]*\))?\s*:\s*(.*)$")
+
+
+def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
+    """Split a Google-style docstring into (description, {param: description})."""
+    lines = inspect.cleandoc(doc).splitlines() if doc else []
+    desc: list[str] = []
+    params: dict[str, str] = {}
+    i = 0
+    while i < len(lines) and not _ARGS_HEADER.match(lines[i]):
+        desc.append(lines[i])
+        i += 1
+    current: str | None = None
+    base_indent: int | None = None
+    for line in lines[i + 1 :]:
+        if not line.strip():
+            continue
+        indent = len(line) - len(line.lstrip())
+        if base_indent is None:
+            base_indent = indent
+        if indent < base_indent:  # next section (Returns:, Raises:, ...)
+            break
+        m = _ARG_LINE.match(line)
+        if indent == base_indent and m:
+            current = m.group(1)
+            params[current] = m.group(3).strip()
+        elif current is not None:
+            params[current] = f"{params[current]} {line.strip()}".strip()
+    return " ".join(" ".join(desc).split()), params
+
+
+def _check_type(value: Any, schema: dict[str, Any]) -> bool:
+    kind = schema.get("type")
+    if "enum" in schema and value not in schema["enum"]:
+        return False
+    if kind == "string":
+        return isinstance(value, str)
+    if kind == "integer":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "number":
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if kind == "boolean":
+        return isinstance(value, bool)
+    if kind == "array":
+        return isinstance(value, list) and all(
+            _check_type(v, schema["items"]) for v in value if "items" in schema
+        )
+    if kind == "object":
+        return isinstance(value, dict)
+    return True
+
+
+def validate_arguments(schema: dict[str, Any], arguments: Any) -> dict[str, Any]:
+    """Check ``arguments`` against a tool's parameter schema.
+
+    Raises:
+        ToolArgumentError: with a message that tells the model what to fix.
+    """
+    if not isinstance(arguments, dict):
+        raise ToolArgumentError(f"arguments must be a JSON object, got {type(arguments).__name__}")
+    props: dict[str, Any] = schema.get("properties", {})
+    problems = []
+    missing = [p for p in schema.get("required", []) if p not in arguments]
+    if missing:
+        problems.append(f"missing required argument(s): {', '.join(missing)}")
+    unknown = [a for a in arguments if a not in props]
+    if unknown:
+        problems.append(
+            f"unknown argument(s): {', '.join(unknown)}; expected: {', '.join(props) or 'none'}"
+        )
+    if problems:
+        raise ToolArgumentError("; ".join(problems))
+    for key, value in arguments.items():
+        if not _check_type(value, props[key]):
+            want = props[key].get("enum") or props[key].get("type")
+            raise ToolArgumentError(f"argument {key!r} must be {want}, got {value!r}")
+    return arguments
+
+
+@dataclass
+class FunctionTool:
+    """A Tool wrapping a Python function (sync or async); made by `@tool`."""
+
+    fn: Callable[..., Any]
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    timeout_s: float = 10.0
+
+    async def __call__(self, **arguments: Any) -> ToolResult:
+        """Run the function; validation, exceptions and timeouts are the caller's (ToolEnv)."""
+        validate_arguments(self.parameters, arguments)
+        if inspect.iscoroutinefunction(self.fn):
+            coro: Awaitable[Any] = self.fn(**arguments)
+        else:
+            loop = asyncio.get_running_loop()
+            coro = loop.run_in_executor(_POOL, functools.partial(self.fn, **arguments))
+        out = await asyncio.wait_for(coro, timeout=self.timeout_s)
+        if isinstance(out, ToolResult):
+            return out
+        if not isinstance(out, str):
+            out = str(out)
+        return ToolResult(content=out)
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    timeout_s: float = 10.0,
+) -> Any:
+    """Make a Tool from a typed function with a Google-style docstring.
+
+    >>> @tool
+    ... def add(a: int, b: int = 0) -> str:
+    ...     '''Add two integers.
+    ...
+    ...     Args:
+    ...         a: first term.
+    ...         b: second term.
+    ...     '''
+    ...     return str(a + b)
+    >>> add.parameters["required"], add.parameters["properties"]["a"]
+    (['a'], {'type': 'integer', 'description': 'first term.'})
+    """
+
+    def wrap(f: Callable[..., Any]) -> FunctionTool:
+        description, param_docs = _parse_docstring(f.__doc__ or "")
+        hints = typing.get_type_hints(f)
+        props: dict[str, Any] = {}
+        required: list[str] = []
+        for pname, p in inspect.signature(f).parameters.items():
+            if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                raise TypeError(f"tool {f.__name__}: *args/**kwargs cannot be described")
+            if pname not in hints:
+                raise TypeError(f"tool {f.__name__}: parameter {pname!r} needs a type hint")
+            prop = _json_type(hints[pname])
+            if pname in param_docs:
+                prop["description"] = param_docs[pname]
+            props[pname] = prop
+            if p.default is inspect.Parameter.empty:
+                required.append(pname)
+        if not description:
+            raise TypeError(f"tool {f.__name__}: a docstring describing the tool is required")
+        schema = {"type": "object", "properties": props, "required": required}
+        return FunctionTool(
+            fn=f,
+            name=name or f.__name__,
+            description=description,
+            parameters=schema,
+            timeout_s=timeout_s,
+        )
+
+    return wrap(fn) if fn is not None else wrap

@@ -1,0 +1,242 @@
+"""The `hf` Generator against a tiny random Llama: log-probs, batching, sampling, stops.
+
+The central check recomputes every returned log-prob with one uncached forward over
+prompt + completion (no padding, no cache) and an independent top-p (transformers'
+``TopPLogitsWarper``), for prompts of different lengths in one left-padded batch.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaForCausalLM, TopPLogitsWarper
+
+from agentr1.backends.base import Completion, SamplingParams
+from agentr1.backends.hf import HFGenerator, ends_with_stop_string, sampling_logprobs
+from tests.tiny_models import save_tiny_llama, tiny_llama, tiny_tokenizer
+
+VOCAB = 64
+# Different lengths on purpose: left padding and position ids must not change anything.
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12], [13, 14, 15, 16], [30, 31, 32, 33, 34, 35, 36, 37, 38]]
+
+
+class WordDecoder:
+    """Token i decodes to a letter repeated 1 to 3 times, so stop strings straddle tokens."""
+
+    def decode(self, token_ids: list[int]) -> str:
+        return "".join(chr(ord("a") + i % 26) * (1 + i % 3) for i in token_ids)
+
+
+@pytest.fixture(scope="module")
+def model() -> LlamaForCausalLM:
+    return tiny_llama(vocab_size=VOCAB)
+
+
+@pytest.fixture(scope="module")
+def gen(model: LlamaForCausalLM) -> HFGenerator:
+    return HFGenerator(model, WordDecoder())
+
+
+def reference_logprobs(
+    model: LlamaForCausalLM, prompt: list[int], completion: Completion, params: SamplingParams
+) -> list[float]:
+    """Log-probs of the completion's tokens from one full, uncached, unpadded forward."""
+    ids_1T = torch.tensor([prompt + completion.token_ids])
+    with torch.no_grad():
+        logits_TV = model(ids_1T, use_cache=False).logits[0].float()
+    # Row t predicts token t + 1: the generated tokens are predicted by rows P-1 .. P+N-2.
+    n = len(completion.token_ids)
+    logits_NV = logits_TV[len(prompt) - 1 : len(prompt) - 1 + n]
+    if params.temperature == 0:
+        logprobs_NV = torch.log_softmax(logits_NV, dim=-1)
+    else:
+        scores_NV = logits_NV / params.temperature
+        if params.top_p < 1:
+            scores_NV = TopPLogitsWarper(params.top_p)(ids_1T, scores_NV)
+        logprobs_NV = torch.log_softmax(scores_NV, dim=-1)
+    targets_N = torch.tensor(completion.token_ids)
+    return logprobs_NV.gather(-1, targets_N[:, None]).squeeze(-1).tolist()
+
+
+@pytest.mark.parametrize(
+    ("temperature", "top_p", "batch_size"),
+    [(1.0, 1.0, None), (0.7, 0.9, None), (1.3, 0.8, 3), (0.0, 1.0, None), (0.0, 0.5, 2)],
+)
+def test_logprobs_match_full_recomputation(
+    model: LlamaForCausalLM, temperature: float, top_p: float, batch_size: int | None
+) -> None:
+    gen = HFGenerator(model, batch_size=batch_size)
+    params = SamplingParams(max_new_tokens=12, temperature=temperature, top_p=top_p, seed=3)
+    completions = gen.generate(PROMPTS, params)
+    assert len(completions) == len(PROMPTS)
+    for prompt, comp in zip(PROMPTS, completions, strict=True):
+        assert len(comp.token_ids) == len(comp.logprobs) == 12
+        assert all(math.isfinite(lp) and lp <= 0 for lp in comp.logprobs)
+        expected = reference_logprobs(model, prompt, comp, params)
+        assert comp.logprobs == pytest.approx(expected, abs=1e-4)
+
+
+def test_greedy_logprobs_are_raw_log_softmax(model: LlamaForCausalLM, gen: HFGenerator) -> None:
+    # temperature 0 ignores temperature and top-p: argmax token, untempered log-prob.
+    params = SamplingParams(max_new_tokens=6, temperature=0.0, top_p=0.3)
+    for prompt, comp in zip(PROMPTS, gen.generate(PROMPTS, params), strict=True):
+        ids_1T = torch.tensor([prompt + comp.token_ids])
+        with torch.no_grad():
+            logits_TV = model(ids_1T).logits[0, len(prompt) - 1 : -1]
+        assert comp.token_ids == logits_TV.argmax(-1).tolist()
+        raw = torch.log_softmax(logits_TV, -1).max(-1).values.tolist()
+        assert comp.logprobs == pytest.approx(raw, abs=1e-4)
+        assert max(comp.logprobs) < 0  # not renormalised onto the top token
+
+
+def test_greedy_batch_equals_each_prompt_alone(gen: HFGenerator) -> None:
+    params = SamplingParams(max_new_tokens=15, temperature=0.0)
+    batched = gen.generate(PROMPTS, params)
+    chunked = HFGenerator(gen.model, batch_size=3).generate(PROMPTS, params)
+    for prompt, b, c in zip(PROMPTS, batched, chunked, strict=True):
+        alone = gen.generate([prompt], params)[0]
+        assert b.token_ids == alone.token_ids == c.token_ids
+        assert b.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
+
+
+def test_seed_makes_sampling_reproducible(gen: HFGenerator) -> None:
+    params = SamplingParams(max_new_tokens=20, temperature=1.0, seed=7)
+    first = [c.token_ids for c in gen.generate(PROMPTS, params)]
+    again = [c.token_ids for c in gen.generate(PROMPTS, params)]
+    other = [c.token_ids for c in gen.generate(PROMPTS, SamplingParams(20, 1.0, seed=8))]
+    assert first == again
+    assert first != other
+
+
+def test_tiny_top_p_is_greedy(gen: HFGenerator) -> None:
+    greedy = gen.generate(PROMPTS, SamplingParams(max_new_tokens=10, temperature=0.0))
+    nucleus = gen.generate(PROMPTS, SamplingParams(max_new_tokens=10, top_p=1e-6, seed=0))
+    for g, n in zip(greedy, nucleus, strict=True):
+        assert n.token_ids == g.token_ids
+        assert n.logprobs == [0.0] * 10  # the only token left in the nucleus
+
+
+def test_max_new_tokens_finishes_with_length(gen: HFGenerator) -> None:
+    for comp in gen.generate(PROMPTS, SamplingParams(max_new_tokens=5, seed=0)):
+        assert comp.finish_reason == "length"
+        assert len(comp.token_ids) == 5
+        assert comp.metrics["new_tokens"] == 5
+
+
+def test_stop_token_ends_row_and_is_kept(gen: HFGenerator) -> None:
+    greedy = SamplingParams(max_new_tokens=20, temperature=0.0)
+    full = gen.generate(PROMPTS, greedy)
+    stop_tok = full[0].token_ids[4]
+    cut = full[0].token_ids.index(stop_tok) + 1
+    stopped = gen.generate(PROMPTS, SamplingParams(20, 0.0, stop_token_ids=(stop_tok,)))
+    assert stopped[0].token_ids == full[0].token_ids[:cut]
+    assert stopped[0].logprobs == pytest.approx(full[0].logprobs[:cut], abs=1e-5)
+    assert stopped[0].finish_reason == "stop"
+    # Other rows stop at their own first stop token, or run to the length limit untouched.
+    for f, s in zip(full[1:], stopped[1:], strict=True):
+        if stop_tok in f.token_ids:
+            assert s.token_ids == f.token_ids[: f.token_ids.index(stop_tok) + 1]
+            assert s.finish_reason == "stop"
+        else:
+            assert s.token_ids == f.token_ids
+            assert s.finish_reason == "length"
+
+
+def test_stop_string_ends_row_at_completing_token(gen: HFGenerator) -> None:
+    decoder = WordDecoder()
+    full = gen.generate(PROMPTS, SamplingParams(max_new_tokens=20, temperature=0.0))
+    # A string straddling tokens 5..7 of row 0, without its first and last character.
+    stop = decoder.decode(full[0].token_ids[5:8])[1:-1]
+    stopped = gen.generate(PROMPTS, SamplingParams(20, 0.0, stop=(stop, "#never#")))
+    for f, s in zip(full, stopped, strict=True):
+        # Expected cut: the first prefix whose full decoded text contains the string.
+        hits = [k for k in range(1, 21) if stop in decoder.decode(f.token_ids[:k])]
+        if hits:
+            assert s.token_ids == f.token_ids[: hits[0]]
+            assert s.finish_reason == "stop"
+        else:
+            assert s.token_ids == f.token_ids
+            assert s.finish_reason == "length"
+    assert stopped[0].finish_reason == "stop"
+    assert len(stopped[0].token_ids) <= 8
+
+
+def test_stop_string_window_sees_long_strings() -> None:
+    # One character per token: a 12-character string spans 12 tokens, all in the window.
+    tok = tiny_tokenizer(VOCAB)
+    ids = tok.encode("a long stop string here", add_special_tokens=False)
+    assert ends_with_stop_string(ids, ("stop string here",), tok)
+    assert not ends_with_stop_string(ids[:-1], ("stop string here",), tok)
+
+
+def test_sampling_logprobs_hand_values() -> None:
+    logits_1V = torch.tensor([[0.5, 0.3, 0.2]]).log()
+    # top_p 0.6: mass above 0.3 is 0.5 < 0.6 (kept); above 0.2 is 0.8 (dropped).
+    # Kept {0.5, 0.3} renormalise to {0.625, 0.375}.
+    probs = sampling_logprobs(logits_1V, temperature=1.0, top_p=0.6).exp()
+    assert probs[0].tolist() == pytest.approx([0.625, 0.375, 0.0])
+    # top_p 0.4: the top token alone already holds 0.5 >= 0.4.
+    assert sampling_logprobs(logits_1V, 1.0, 0.4).exp()[0].tolist() == pytest.approx([1, 0, 0])
+    # temperature 0.5 squares the odds: [0.25, 0.09, 0.04] / 0.38.
+    tempered = sampling_logprobs(logits_1V, 0.5, 1.0).exp()[0].tolist()
+    assert tempered == pytest.approx([0.25 / 0.38, 0.09 / 0.38, 0.04 / 0.38])
+    # Greedy: untempered, no top-p.
+    assert sampling_logprobs(logits_1V, 0.0, 0.4).exp()[0].tolist() == pytest.approx(
+        [0.5, 0.3, 0.2]
+    )
+
+
+def test_stats_and_training_mode_restored(model: LlamaForCausalLM) -> None:
+    gen = HFGenerator(model, batch_size=2)
+    model.train()
+    try:
+        comps = gen.generate(PROMPTS, SamplingParams(max_new_tokens=4, seed=0))
+        assert model.training
+    finally:
+        model.eval()
+    stats = gen.last_stats
+    assert stats.num_prompts == 4
+    assert stats.prompt_tokens == sum(len(p) for p in PROMPTS)
+    assert stats.new_tokens == sum(len(c.token_ids) for c in comps) == 16
+    assert stats.forward_passes == 2 * 4  # 2 chunks x (prefill + 3 decode steps)
+    assert stats.wall_s > 0 and stats.tokens_per_s > 0
+    assert comps[1].metrics == {"prompt_tokens": 1.0, "new_tokens": 4.0}
+
+
+def test_bad_inputs(gen: HFGenerator, model: LlamaForCausalLM) -> None:
+    assert gen.generate([], SamplingParams()) == []
+    with pytest.raises(ValueError, match="at least one token"):
+        gen.generate([[1, 2], []], SamplingParams())
+    with pytest.raises(ValueError, match="tokenizer"):
+        HFGenerator(model).generate([[1]], SamplingParams(stop=("x",)))
+
+
+def test_from_pretrained_local_dir(tmp_path: Path, gen: HFGenerator) -> None:
+    path = save_tiny_llama(tmp_path / "tiny", vocab_size=VOCAB)
+    loaded = HFGenerator.from_pretrained(path, dtype=torch.float32, device="cpu")
+    tok = loaded.tokenizer
+    assert tok is not None
+    params = SamplingParams(max_new_tokens=12, temperature=0.0)
+    ours = gen.generate(PROMPTS, params)
+    theirs = loaded.generate(PROMPTS, params)
+    assert [c.token_ids for c in theirs] == [c.token_ids for c in ours]
+    # The real tokenizer drives stop strings: stop at the text of row 0's tokens 3..4.
+    stop = tok.decode(ours[0].token_ids[3:5])
+    cut = loaded.generate(PROMPTS[:1], SamplingParams(12, 0.0, stop=(stop,)))[0]
+    assert stop in tok.decode(cut.token_ids)
+    assert stop not in tok.decode(cut.token_ids[:-1])
+    assert cut.finish_reason == "stop"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_logprobs_match_full_recomputation_cuda(model: LlamaForCausalLM) -> None:
+    cuda_model = tiny_llama(vocab_size=VOCAB).cuda()
+    params = SamplingParams(max_new_tokens=12, temperature=0.7, top_p=0.9, seed=3)
+    completions = HFGenerator(cuda_model).generate(PROMPTS, params)
+    for prompt, comp in zip(PROMPTS, completions, strict=True):
+        expected = reference_logprobs(model, prompt, comp, params)  # CPU reference
+        assert comp.logprobs == pytest.approx(expected, abs=1e-3)
