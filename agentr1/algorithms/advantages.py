@@ -19,8 +19,9 @@ sit between two agent turns of the same row. Every estimator:
   the position does not matter to them. In a row with no agent token nothing is trained,
   but its reward still counts in its group's statistics.
 
-Statistics (group mean/std, batch whitening) are computed in float64, after shifting by a
-member of the set, so groups of equal rewards give exactly 0, never NaN or round-off noise.
+Statistics (group mean/std, batch whitening) are computed in float64 (group statistics
+after shifting by the group minimum), so equal rewards give exactly 0, never NaN or
+round-off noise that the eps-division would amplify.
 Standard deviations are unbiased (Bessel), as in verl and TRL; a set of one has std 0.
 Outputs are float32 and carry no autograd graph.
 """
@@ -206,13 +207,15 @@ def _group_stats(scores_B: torch.Tensor, group_index_B: torch.Tensor) -> _GroupS
 
 
 def _masked_whiten(x_BT: torch.Tensor, mask_BT: torch.Tensor, eps: float) -> torch.Tensor:
-    """(x - mean) / (std + eps) over all masked tokens of the batch; 0 at mask 0. [B, T] f32"""
-    x64_BT = x_BT.to(torch.float64)
+    """(x - mean) / (std + eps) over all masked tokens of the batch; 0 at mask 0. [B, T] f32
+
+    ``x_BT`` is float32, summed in float64: n equal values then have a mean exactly equal
+    to the value (n * v is exact in float64), so equal values whiten to exactly 0.
+    """
+    x64_BT = x_BT.to(torch.float32).to(torch.float64)
     n = mask_BT.sum().to(torch.float64)
-    ref = torch.where(mask_BT, x64_BT, float("inf")).amin()  # shift: equal values -> exact 0
-    shifted_BT = torch.where(mask_BT, x64_BT - ref, 0.0)
-    mean = shifted_BT.sum() / n.clamp(min=1)
-    centred_BT = torch.where(mask_BT, shifted_BT - mean, 0.0)
+    mean = torch.where(mask_BT, x64_BT, 0.0).sum() / n.clamp(min=1)
+    centred_BT = torch.where(mask_BT, x64_BT - mean, 0.0)
     std = ((centred_BT**2).sum() / (n - 1).clamp(min=1)).sqrt()
     return (centred_BT / (std + eps)).to(torch.float32)
 

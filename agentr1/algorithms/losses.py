@@ -281,29 +281,39 @@ def kl_loss(
     )
 
 
-def entropy_from_logits(logits_BTV: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:
+def entropy_from_logits(
+    logits_BTV: torch.Tensor,
+    chunk_size: int | None = None,
+    mask_BT: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Entropy of the softmax over the last dim, in float32: H = -sum p log p. [B, T]
 
     ``chunk_size`` processes that many (b, t) positions at a time, so the float32 copy of
     the logits and the softmax are materialized one chunk at a time (a 150k vocabulary
     makes them large). Under autograd each chunk's intermediates are still kept for
-    backward; compute logging-only entropy inside ``torch.no_grad()``. -inf logits
-    (masked vocabulary) contribute 0.
+    backward; compute logging-only entropy inside ``torch.no_grad()``. With ``mask_BT``
+    only masked positions are computed (less work; mask-0 logits are never read, their
+    entropy is 0). -inf logits (masked vocabulary) contribute 0.
     """
     if chunk_size is not None and chunk_size < 1:
         raise ValueError(f"chunk_size={chunk_size} must be >= 1 or None")
     *lead, vocab = logits_BTV.shape
     flat_NV = logits_BTV.reshape(-1, vocab)
-    step = chunk_size or max(flat_NV.shape[0], 1)
-    parts_N = []
-    for chunk_CV in torch.split(flat_NV, step, dim=0):
+    keep_N = None if mask_BT is None else (mask_BT > 0).reshape(-1)
+    rows_MV = flat_NV if keep_N is None else flat_NV[keep_N]
+    step = chunk_size or max(rows_MV.shape[0], 1)
+    parts_M = []
+    for chunk_CV in torch.split(rows_MV, step, dim=0):
         logp_CV = torch.log_softmax(chunk_CV.float(), dim=-1)
         p_CV = logp_CV.exp()
         # p = 0 where logp = -inf; zero the log first so neither 0 * -inf nor its gradient
         # produces NaN.
         safe_logp_CV = torch.where(p_CV > 0, logp_CV, torch.zeros_like(logp_CV))
-        parts_N.append(-(p_CV * safe_logp_CV).sum(dim=-1))
-    entropy_N = torch.cat(parts_N) if parts_N else flat_NV.new_zeros(0, dtype=torch.float32)
+        parts_M.append(-(p_CV * safe_logp_CV).sum(dim=-1))
+    entropy_M = torch.cat(parts_M) if parts_M else rows_MV.new_zeros(0, dtype=torch.float32)
+    if keep_N is None:
+        return entropy_M.reshape(lead)
+    entropy_N = entropy_M.new_zeros(flat_NV.shape[0]).masked_scatter(keep_N, entropy_M)
     return entropy_N.reshape(lead)
 
 

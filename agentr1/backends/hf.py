@@ -71,9 +71,13 @@ window's first token (whose decoding may lose a leading space) out of any match.
 
 
 class TokenDecoder(Protocol):
-    """The one tokenizer method the generator needs: ids to text, for stop strings."""
+    """The one tokenizer method the generator needs: ids to text, for stop strings.
 
-    def decode(self, token_ids: list[int]) -> str: ...
+    HF tokenizers qualify; they annotate ``str | list[str]`` because batched input gives a
+    list, but a flat id list always decodes to one ``str``.
+    """
+
+    def decode(self, token_ids: list[int], /) -> str | list[str]: ...
 
 
 @dataclass
@@ -177,6 +181,8 @@ def ends_with_stop_string(
     """
     window = max(len(s) for s in stops) + STOP_WINDOW_SLACK
     text = tokenizer.decode(token_ids[-window:])
+    if not isinstance(text, str):
+        raise TypeError(f"decode(list[int]) must return str, got {type(text).__name__}")
     return any(s in text for s in stops)
 
 
@@ -206,9 +212,9 @@ class HFGenerator:
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.last_stats = GenerationStats()
-        pad = model.config.pad_token_id
-        # Any valid id works as padding: it is masked out everywhere.
-        self.pad_id: int = pad if isinstance(pad, int) and 0 <= pad < _vocab_size(model) else 0
+        # Any valid id works as padding (it is masked out everywhere) and 0 always exists;
+        # configs' pad ids are often None or, for some checkpoints, outside the embedding.
+        self.pad_id = 0
         forward_args = inspect.signature(model.forward).parameters
         # transformers 5.x renamed ``past_key_values`` to ``cache`` (the old name is a
         # deprecated alias until 5.40); 4.x only knows ``past_key_values``.
@@ -246,7 +252,9 @@ class HFGenerator:
         gguf: dict[str, Any] = {"gguf_file": gguf_file} if gguf_file else {}
         tokenizer = AutoTokenizer.from_pretrained(path, **gguf)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **gguf, **model_kwargs)
-        return cls(model.to(device).eval(), tokenizer, batch_size=batch_size)
+        # transformers' decorated ``to`` confuses type checkers; it is nn.Module.to.
+        model = model.to(device)  # type: ignore[arg-type]
+        return cls(model, tokenizer, batch_size=batch_size)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
         """Sample one completion per prompt; the i-th completion continues ``prompts[i]``.
@@ -303,7 +311,8 @@ class HFGenerator:
             **kwargs,
         )
         self.last_stats.forward_passes += 1
-        return out.logits[:, -1, :].float()
+        logits_BV: torch.Tensor = out.logits[:, -1, :].float()
+        return logits_BV
 
     def _generate_chunk(
         self, prompts: list[list[int]], params: SamplingParams, rng: torch.Generator | None
@@ -363,11 +372,6 @@ class HFGenerator:
         if self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer to decode generated tokens")
         return ends_with_stop_string(row_tokens, params.stop, self.tokenizer)
-
-
-def _vocab_size(model: PreTrainedModel) -> int:
-    """Rows of the input embedding (the ids the model accepts)."""
-    return int(model.get_input_embeddings().weight.shape[0])
 
 
 def _new_cache(model: PreTrainedModel) -> DynamicCache:

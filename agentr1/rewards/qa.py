@@ -80,3 +80,12 @@ def f1_score(prediction: str | None, golds: list[str]) -> float:
         precision, recall = same / len(pred), same / len(gold)
         best = max(best, 2 * precision * recall / (precision + recall))
     return best
+
+
+def format_valid(prediction: str | None) -> float:
+    """1.0 if the episode ended with a non-empty ``<answer>...</answer>``, else 0.0.
+
+    >>> format_valid("Paris"), format_valid("  "), format_valid(None)
+    (1.0, 0.0, 0.0)
+    """
+    return float(prediction is not None and bool(prediction.strip()))

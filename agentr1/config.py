@@ -1,0 +1,259 @@
+"""The run configuration: one typed dataclass per stage, composed into `Config`.
+
+Load a recipe with `load_config("recipes/demo.yaml", ["algo.estimator=ppo", ...])`; every
+key and type is checked, then `Config.validate` checks the values once, at the entry
+point, saying why a bad value would hurt. Nothing mutates a config after that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from agentr1 import configutil
+from agentr1.algorithms.registry import advantage_names
+from agentr1.envs.world import WorldConfig
+from agentr1.rewards.process import ProcessRewardConfig
+from agentr1.rollout.loop import RolloutConfig
+
+
+@dataclass(frozen=True)
+class TinyModelConfig:
+    """Shape of the tiny Llama the demo builds from scratch (model.path = "tiny")."""
+
+    hidden_size: int = 96
+    """Width of the residual stream."""
+    layers: int = 2
+    """Transformer blocks."""
+    heads: int = 4
+    """Attention heads (hidden_size must divide by it)."""
+    intermediate_size: int = 256
+    """MLP width."""
+    vocab_size: int = 2048
+    """Target size of the byte-level BPE trained on the task's text."""
+    max_positions: int = 512
+    """Longest episode (prompt + turns + tool responses) the model can see."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which policy to train."""
+
+    path: str = "tiny"
+    """"tiny" (build a small Llama + BPE tokenizer on the task's text), a local HF
+    directory, a hub id, or "smollm2-135m-instruct"."""
+    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+    """Shape of the tiny model when path = "tiny"."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Weights and compute dtype for training and generation."""
+    chat_template: Literal["model", "qwen2.5", "chatml-minimal"] = "chatml-minimal"
+    """"model" = the tokenizer's own template; "qwen2.5" = ChatML with the tool listing
+    (real instruct models); "chatml-minimal" = ChatML without it (the shortest prompt,
+    for tiny models that learn the format from SFT)."""
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """What the agent is trained on."""
+
+    kind: Literal["world"] = "world"
+    """"world" = the embedded fictional multi-hop world."""
+    world: WorldConfig = field(default_factory=WorldConfig)
+    """World generator settings (kind = "world")."""
+    top_k: int = 1
+    """Passages the search tool returns per call."""
+    system_prompt: str | None = None
+    """System message; None = none (a tiny model learns the format from SFT)."""
+    outcome_reward: Literal["em", "f1", "cover_em", "em_format"] = "em"
+    """Outcome reward; "em" equals the evaluation metric."""
+    process: ProcessRewardConfig = field(default_factory=ProcessRewardConfig)
+    """Process rewards; `enabled: false` = outcome-only."""
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """Supervised warm start on scripted demonstrations (same tensors and masks as RL)."""
+
+    enabled: bool = True
+    """Run the warm start before RL (skipped when resuming)."""
+    steps: int = 1000
+    """Optimizer steps."""
+    batch_size: int = 16
+    """Demonstration episodes per step."""
+    lr: float = 3e-3
+    """AdamW learning rate (constant after a 5% warmup)."""
+    demos: int = 1500
+    """Demonstration episodes generated from training tasks."""
+    early_answer_prob: float = 0.6
+    """Fraction of multi-hop demonstrations that answer after the first search (so the
+    warm-started policy is imperfect and RL has something to fix)."""
+
+
+@dataclass(frozen=True)
+class AlgoConfig:
+    """The RL algorithm: advantage estimator, losses, KL and entropy."""
+
+    estimator: str = "grpo"
+    """Advantage estimator: gae (PPO with a critic), grpo, dr_grpo, reinforce_plus_plus,
+    reinforce_plus_plus_baseline, rloo."""
+    gamma: float = 1.0
+    """Discount over agent tokens."""
+    lam: float = 1.0
+    """GAE lambda."""
+    norm_by_std: bool = True
+    """GRPO: divide by the group's reward std."""
+    clip_low: float = 0.2
+    """PPO ratio clip below 1."""
+    clip_high: float = 0.28
+    """PPO ratio clip above 1 (> clip_low = DAPO clip-higher)."""
+    dual_clip: float | None = 3.0
+    """Dual-clip constant for negative advantages (None = off)."""
+    agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
+    """How per-token losses become one scalar."""
+    kl_coef: float = 0.0
+    """Weight of the KL to the reference policy (0 = no reference model)."""
+    kl_mode: Literal["k1_reward", "k3_loss"] = "k3_loss"
+    """k1 folded into token rewards, or k3 as a loss term."""
+    entropy_coef: float = 0.0
+    """Entropy bonus weight."""
+    value_clip: float | None = 0.2
+    """Clip range of the critic's value loss (gae only)."""
+    critic_lr: float = 1e-3
+    """Critic learning rate (gae only)."""
+    critic_warmup_steps: int = 0
+    """Steps that train only the critic before the policy moves (gae only)."""
+    loss_mask: bool = True
+    """Train only on agent-sampled tokens. False is an ablation: tool responses and the
+    prompt get trained as if the agent wrote them."""
+    advantage_mask: bool = True
+    """GAE / returns over agent tokens only. False is an ablation: tool-response tokens
+    take part in discounting and bootstrapping."""
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """Policy optimization."""
+
+    lr: float = 1e-3
+    """AdamW learning rate of the policy."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    warmup_steps: int = 0
+    """Linear warmup steps."""
+    schedule: Literal["constant", "cosine"] = "constant"
+    """Learning-rate schedule after warmup."""
+    grad_clip: float = 1.0
+    """Global gradient-norm clip."""
+    ppo_epochs: int = 1
+    """Passes over each rollout batch (K)."""
+    minibatches: int = 1
+    """Optimizer steps per epoch."""
+    micro_batch_size: int = 32
+    """Rows per forward/backward (gradient accumulation inside a minibatch)."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The RL loop."""
+
+    steps: int = 120
+    """RL steps."""
+    tasks_per_step: int = 16
+    """Tasks sampled per step (each gets rollout.n_samples episodes)."""
+    seed: int = 0
+    """Seeds everything: world, model init, sampling, data order."""
+    run_dir: str = "runs/demo"
+    """Where config, metrics, trajectories, checkpoints, plots and the report go."""
+    checkpoint_every: int = 20
+    """Steps between atomic checkpoints (0 = only at the end)."""
+    eval_every: int = 0
+    """Steps between evaluations (0 = only before and after)."""
+    log_trajectories: int = 2
+    """Sampled trajectories written to trajectories.jsonl per step."""
+    threads: int = 0
+    """torch threads (0 = torch's default)."""
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Evaluation before and after RL."""
+
+    splits: tuple[str, ...] = ("test", "test_ood")
+    """Task splits to evaluate."""
+    max_tasks: int = 0
+    """Tasks per split (0 = all)."""
+    sampled_n: int = 1
+    """Sampled episodes per task for sampled EM (greedy is always 1)."""
+    temperature: float = 1.0
+    """Temperature of sampled evaluation."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """A whole run."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    rollout: RolloutConfig = field(default_factory=lambda: RolloutConfig(
+        n_samples=8, max_turns=5, max_tokens_per_turn=48, max_context=512,
+    ))
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def validate(self) -> None:
+        """Check values once; each message says what is wrong and why it matters."""
+        errors: list[str] = []
+        a, o, r, t = self.algo, self.optim, self.rollout, self.train
+        names = advantage_names()
+        if a.estimator not in names:
+            errors.append(f"algo.estimator={a.estimator!r} is unknown; valid: {', '.join(names)}")
+        group_based = {"grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline"}
+        if a.estimator in group_based and r.n_samples < 2:
+            errors.append(
+                f"rollout.n_samples={r.n_samples} with {a.estimator}: group baselines need "
+                ">= 2 samples per task, else every advantage is 0 and nothing is learned"
+            )
+        if not 0 <= a.gamma <= 1 or not 0 <= a.lam <= 1:
+            errors.append("algo.gamma and algo.lam must be in [0, 1]: they are discounts")
+        if a.kl_coef < 0 or a.entropy_coef < 0:
+            errors.append("algo.kl_coef and algo.entropy_coef must be >= 0")
+        if o.lr <= 0 or o.lr > 1:
+            errors.append(f"optim.lr={o.lr}: must be in (0, 1]; larger steps destroy the model")
+        if o.ppo_epochs < 1 or o.minibatches < 1 or o.micro_batch_size < 1:
+            errors.append("optim.ppo_epochs, minibatches and micro_batch_size must be >= 1")
+        rows = t.tasks_per_step * r.n_samples
+        if o.minibatches > rows:
+            errors.append(
+                f"optim.minibatches={o.minibatches} > rows per step ({rows}): empty minibatches"
+            )
+        if t.steps < 0 or t.tasks_per_step < 1:
+            errors.append("train.steps must be >= 0 and train.tasks_per_step >= 1")
+        if self.model.path == "tiny" and r.max_context > self.model.tiny.max_positions:
+            errors.append(
+                f"rollout.max_context={r.max_context} > model.tiny.max_positions="
+                f"{self.model.tiny.max_positions}: episodes would overflow the position table"
+            )
+        tm = self.model.tiny
+        if tm.hidden_size % tm.heads:
+            errors.append(f"model.tiny.hidden_size={tm.hidden_size} must divide by heads={tm.heads}")
+        if not 0 <= self.sft.early_answer_prob <= 1:
+            errors.append("sft.early_answer_prob is a probability: it must be in [0, 1]")
+        if self.task.top_k < 1:
+            errors.append("task.top_k must be >= 1: a search that returns nothing teaches nothing")
+        try:
+            self.task.world.validate()
+        except ValueError as e:
+            errors.append(f"task.world: {e}")
+        if errors:
+            raise configutil.ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Load and validate a recipe (YAML) with ``section.field=value`` overrides."""
+    cfg = configutil.load(Config, path, overrides)
+    cfg.validate()
+    return cfg

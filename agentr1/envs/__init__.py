@@ -1,0 +1,1 @@
+"""Environments: ToolEnv, turn parsers, and the embedded multi-hop world."""

@@ -1,0 +1,87 @@
+"""The embedded world as an RL environment: a ToolEnv with `search` over its corpus, and
+the scripted oracle wrapped as a Generator so it runs through the real rollout."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from dataclasses import dataclass
+
+from agentr1.backends.scripted import ScriptedGenerator
+from agentr1.envs.base import OutcomeReward, ProcessReward, ToolEnv, em_reward
+from agentr1.envs.world import OraclePolicy, World
+from agentr1.retrieval.bm25 import BM25Retriever
+from agentr1.rollout.chat import ChatFormat
+from agentr1.tools.search import SearchTool
+from agentr1.types import Task
+
+_USER = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.DOTALL)
+_RESPONSE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.DOTALL)
+
+
+@dataclass
+class WorldEnvFactory:
+    """Makes one ToolEnv per episode; the BM25 index is built once and shared.
+
+    Attributes:
+        world: the world whose corpus is searched.
+        top_k: passages per search.
+        system_prompt: first message (None: the question alone).
+        outcome_reward: (answer, task) -> reward.
+        process_reward: per-step reward hook, or None.
+    """
+
+    world: World
+    top_k: int = 2
+    system_prompt: str | None = None
+    outcome_reward: OutcomeReward = em_reward
+    process_reward: ProcessReward | None = None
+
+    def __post_init__(self) -> None:
+        self.retriever = BM25Retriever(self.world.passages)
+
+    def __call__(self) -> ToolEnv:
+        return ToolEnv(
+            tools=[SearchTool(self.retriever, top_k=self.top_k)],
+            system_prompt=self.system_prompt,
+            outcome_reward=self.outcome_reward,
+            process_reward=self.process_reward,
+        )
+
+
+def oracle_generator(
+    world: World, chat: ChatFormat, early_answer_prob: float = 0.0, seed: int = 0
+) -> ScriptedGenerator:
+    """The oracle policy as a Generator (log-prob 0, deterministic given ``seed``).
+
+    It reads the question and the tool responses from the decoded context, exactly what a
+    model would see. Run it with ``n_samples = 1``: the oracle keeps its per-episode draw
+    by task id, so two live episodes of one task would share it.
+    """
+    tasks: dict[str, Task] = {}
+    for split in ("train", "test", "test_ood"):
+        for t in world.tasks(split):
+            tasks.setdefault(t.question, t)
+    oracle = OraclePolicy(world, early_answer_prob, random.Random(seed))
+
+    def respond(context: str) -> str:
+        m = _USER.search(context)
+        if m is None or m.group(1) not in tasks:
+            return "<answer>unknown</answer>"
+        return oracle.next_turn(tasks[m.group(1)], _RESPONSE.findall(context))
+
+    return ScriptedGenerator(respond, chat.encode, chat.decode, chat.end_of_turn_id)
+
+
+def tokenizer_corpus(world: World) -> list[str]:
+    """Text the demo tokenizer is trained on: passages, questions, calls, answers, glue."""
+    out = [f"{p.title}\n{p.text}" for p in world.passages]
+    for t in world.tasks("train"):
+        out.append(t.question)
+        out.extend(f"<answer>{a}</answer>" for a in t.answers)
+        for s in world.gold_searches[t.id]:
+            call = {"name": "search", "arguments": {"query": s}}
+            out.append(f"<tool_call>{json.dumps(call)}</tool_call>")
+    out.append("\n<tool_response>\n[1] x\n</tool_response>\nNo results found.")
+    return out

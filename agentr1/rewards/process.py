@@ -1,0 +1,149 @@
+"""Process rewards: per-step rewards for intermediate actions (Agent-R1's extended MDP).
+
+Each is a pure function of a `StepContext` (one step plus the episode so far) and returns
+a float placed on the last token of that turn. `ProcessRewardConfig` combines them into
+the env's ``process_reward`` hook; outcome-only and process-reward runs differ by one
+switch (``enabled``).
+
+Anything a policy could farm (e.g. "new evidence" by searching everything) is offered as
+potential-based shaping, F = γΦ(s') − Φ(s) (Ng, Harada & Russell 1999), which provably
+leaves the optimal policy unchanged. Φ here is the fraction of the task's supporting
+passages retrieved so far. With γ = 1 the shaping terms telescope to Φ(s_T) − Φ(s_0) over
+an episode: they move credit to the turn that found the evidence (useful for token-level
+estimators such as GAE and REINFORCE++), and reward finding evidence at all by at most 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from agentr1.types import StepContext
+
+ProcessReward = Callable[[StepContext], float]
+
+
+def valid_call(ctx: StepContext) -> float:
+    """1.0 if the turn made at least one tool call and every call and tag was well formed.
+
+    >>> from agentr1.types import Task, ToolCall, ToolResult
+    >>> t = Task("q", "?", ["a"])
+    >>> valid_call(StepContext(t, 0, "", [ToolCall("search", {})], [ToolResult("x")], [], None))
+    1.0
+    >>> valid_call(StepContext(t, 0, "", [], [], ["malformed_json"], None))
+    0.0
+    """
+    ok = bool(ctx.calls) and not ctx.parse_errors and all(r.ok for r in ctx.results)
+    return float(ok)
+
+
+def invalid_call(ctx: StepContext) -> float:
+    """Number of malformed pieces and failed calls in the turn (to be penalized).
+
+    >>> from agentr1.types import Task, ToolCall, ToolResult
+    >>> t = Task("q", "?", ["a"])
+    >>> invalid_call(StepContext(t, 0, "", [ToolCall("s", {})], [ToolResult("e", ok=False)],
+    ...                          ["unclosed_tag"], None))
+    2.0
+    """
+    return float(len(ctx.parse_errors) + sum(not r.ok for r in ctx.results))
+
+
+def _queries(ctx: StepContext) -> list[str]:
+    return [
+        " ".join(str(c.arguments.get("query", "")).lower().split())
+        for c in ctx.calls
+        if c.name == "search"
+    ]
+
+
+def repeated_query(ctx: StepContext) -> float:
+    """Number of search queries in this turn already issued earlier in the episode.
+
+    >>> from agentr1.types import Task, ToolCall
+    >>> t = Task("q", "?", ["a"])
+    >>> first = StepContext(t, 0, "", [ToolCall("search", {"query": "Velmora"})], [], [], None)
+    >>> again = StepContext(t, 1, "", [ToolCall("search", {"query": " velmora"})], [], [], None,
+    ...                     previous=[first])
+    >>> repeated_query(first), repeated_query(again)
+    (0.0, 1.0)
+    """
+    seen = {q for p in ctx.previous for q in _queries(p)}
+    return float(sum(q in seen for q in _queries(ctx)))
+
+
+def _retrieved(ctx: StepContext) -> set[str]:
+    return {str(i) for r in ctx.results for i in r.metadata.get("passage_ids", [])}
+
+
+def evidence_potential(ctx: StepContext, upto_self: bool = True) -> float:
+    """Φ: fraction of the task's supporting passage ids (``metadata["supporting"]``)
+    retrieved in the episode up to and including this step (or before it).
+
+    Tasks without supporting ids have Φ = 0 everywhere (the shaping is then inert).
+    """
+    support = set(ctx.task.metadata.get("supporting", []))
+    if not support:
+        return 0.0
+    found: set[str] = set()
+    for p in ctx.previous:
+        found |= _retrieved(p)
+    if upto_self:
+        found |= _retrieved(ctx)
+    return len(found & support) / len(support)
+
+
+def new_evidence_shaping(ctx: StepContext, gamma: float = 1.0) -> float:
+    """Potential-based shaping γΦ(s') − Φ(s) with Φ = `evidence_potential`."""
+    return gamma * evidence_potential(ctx, True) - evidence_potential(ctx, False)
+
+
+def new_evidence(ctx: StepContext) -> float:
+    """Number of passages retrieved this turn that no earlier turn retrieved (plain, gameable)."""
+    before: set[str] = set()
+    for p in ctx.previous:
+        before |= _retrieved(p)
+    return float(len(_retrieved(ctx) - before))
+
+
+@dataclass(frozen=True)
+class ProcessRewardConfig:
+    """Weights of the process rewards; ``enabled: false`` gives an outcome-only run.
+
+    Attributes:
+        enabled: add process rewards at all.
+        valid_call: reward for a turn whose tool calls were all well formed and ran.
+        invalid_call: penalty per malformed call / failed call (subtracted).
+        repeated_query: penalty per search query repeated within an episode (subtracted).
+        evidence: weight of the evidence term.
+        evidence_mode: "potential" (shaping γΦ(s')−Φ(s) over supporting passages, cannot
+            change the optimal policy) or "plain" (count of new passages; can be farmed).
+        gamma: discount used by the potential-based shaping.
+    """
+
+    enabled: bool = False
+    valid_call: float = 0.05
+    invalid_call: float = 0.1
+    repeated_query: float = 0.1
+    evidence: float = 0.2
+    evidence_mode: Literal["potential", "plain"] = "potential"
+    gamma: float = 1.0
+
+    def build(self) -> ProcessReward | None:
+        """The env hook, or None when disabled."""
+        if not self.enabled:
+            return None
+        cfg = self
+
+        def reward(ctx: StepContext) -> float:
+            r = cfg.valid_call * valid_call(ctx)
+            r -= cfg.invalid_call * invalid_call(ctx)
+            r -= cfg.repeated_query * repeated_query(ctx)
+            if cfg.evidence_mode == "potential":
+                r += cfg.evidence * new_evidence_shaping(ctx, cfg.gamma)
+            else:
+                r += cfg.evidence * new_evidence(ctx)
+            return r
+
+        return reward

@@ -1,0 +1,1 @@
+"""The trainer: log-probs, critic, updates, SFT warm start, checkpoints and the RL loop."""

@@ -1,0 +1,430 @@
+"""The RL loop (DESIGN.md §6), read top to bottom like the algorithm:
+
+    sample tasks -> rollout groups -> rewards -> (reference log-probs, values)
+    -> advantages -> K epochs of minibatch updates -> eval -> log -> checkpoint
+
+every phase timed. `train(cfg)` runs SFT warm start (if enabled and not resuming), the
+evaluation before RL, the RL steps, the evaluation after, and writes the run directory.
+Resuming (`resume=True`) restores the newest atomic checkpoint: weights, optimizer,
+scheduler, every RNG and the data cursor, so the run continues exactly as if never killed.
+
+Notation: B = rows (episodes) in a step, T = tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from agentr1.algorithms import (
+    AdvantageConfig,
+    AdvantageInputs,
+    apply_kl_to_rewards,
+    compute_advantages,
+    kl_penalty,
+)
+from agentr1.config import Config
+from agentr1.eval.evaluate import EvalResult, evaluate
+from agentr1.rollout.collate import collate_groups
+from agentr1.rollout.loop import RolloutStats, run_rollout
+from agentr1.trainer.checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from agentr1.trainer.critic import ValueModel
+from agentr1.trainer.logprobs import token_logprobs
+from agentr1.trainer.run import RunDir
+from agentr1.trainer.setup import Setup, build_setup
+from agentr1.trainer.sft import sft_train
+from agentr1.trainer.update import UpdateBatch, rl_update
+from agentr1.types import Task, Trajectory
+
+log = logging.getLogger(__name__)
+
+
+class TaskSampler:
+    """Draws training tasks epoch by epoch in a seeded order; its state is checkpointed."""
+
+    def __init__(self, tasks: list[Task], seed: int) -> None:
+        self.tasks, self.seed, self.epoch, self.pos = tasks, seed, 0, 0
+        self._order = self._perm()
+
+    def _perm(self) -> list[int]:
+        order = list(range(len(self.tasks)))
+        random.Random(self.seed * 100_003 + self.epoch).shuffle(order)
+        return order
+
+    def sample(self, n: int) -> list[Task]:
+        out = []
+        for _ in range(n):
+            if self.pos >= len(self._order):
+                self.epoch, self.pos = self.epoch + 1, 0
+                self._order = self._perm()
+            out.append(self.tasks[self._order[self.pos]])
+            self.pos += 1
+        return out
+
+    def state(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "pos": self.pos}
+
+    def load(self, state: dict[str, int]) -> None:
+        self.epoch, self.pos = int(state["epoch"]), int(state["pos"])
+        self._order = self._perm()
+
+
+@dataclass
+class Timer:
+    """Wall time per phase of the current step."""
+
+    times: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.times[f"time/{phase}"] = self.times.get(f"time/{phase}", 0.0) + (
+                time.perf_counter() - t0
+            )
+
+
+@dataclass
+class TrainState:
+    """What the loop carries between steps (all of it is checkpointed)."""
+
+    setup: Setup
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    sampler: TaskSampler
+    update_rng: torch.Generator
+    critic: ValueModel | None = None
+    critic_optimizer: torch.optim.Optimizer | None = None
+    reference: Any | None = None
+    step: int = 0
+
+
+# ---------------------------------------------------------------------------- phases
+def sample_rollouts(s: TrainState, timer: Timer) -> tuple[list[Any], RolloutStats]:
+    """Sample tasks and run n_samples episodes for each (one group per task)."""
+    cfg = s.setup.cfg
+    tasks = s.sampler.sample(cfg.train.tasks_per_step)
+    rcfg = dataclasses.replace(cfg.rollout, seed=cfg.train.seed * 1_000_003 + s.step)
+    stats = RolloutStats()
+    s.setup.policy.eval()
+    with timer("rollout"):
+        groups = run_rollout(tasks, s.setup.make_env, s.setup.generator, s.setup.chat, rcfg, stats)
+    return groups, stats
+
+
+def _masks(batch: Any, cfg: Config) -> tuple[torch.Tensor, torch.Tensor]:
+    """(train mask, advantage mask) [B, T]; the ablations swap in "every real token"."""
+    real_BT = batch.attention_mask_BT.float().clone()
+    real_BT[:, 0] = 0.0  # the first token has no log-prob
+    train_BT = batch.loss_mask_BT if cfg.algo.loss_mask else real_BT
+    adv_BT = batch.loss_mask_BT if cfg.algo.advantage_mask else real_BT
+    return train_BT, adv_BT
+
+
+@torch.no_grad()
+def score_batch(s: TrainState, batch: Any, train_mask_BT: torch.Tensor, timer: Timer) -> dict[str, Any]:
+    """Reference log-probs, critic values and (when off-policy) old log-probs. [B, T] each."""
+    cfg = s.setup.cfg
+    temp = cfg.rollout.temperature
+    out: dict[str, Any] = {"ref": None, "values": None, "old": None}
+    on_policy = cfg.optim.ppo_epochs == 1 and cfg.optim.minibatches == 1
+    if not on_policy or not cfg.algo.loss_mask:
+        with timer("old_logprobs"):
+            s.setup.policy.eval()
+            out["old"], _ = token_logprobs(
+                s.setup.policy, batch.input_ids_BT, batch.attention_mask_BT, train_mask_BT, temp
+            )
+    if s.reference is not None:
+        with timer("reference"):
+            out["ref"], _ = token_logprobs(
+                s.reference, batch.input_ids_BT, batch.attention_mask_BT, train_mask_BT, temp
+            )
+    if s.critic is not None:
+        with timer("values"):
+            out["values"] = s.critic(batch.input_ids_BT, batch.attention_mask_BT)
+    return out
+
+
+def compute_step_advantages(
+    cfg: Config, batch: Any, scored: dict[str, Any], adv_mask_BT: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """Token rewards (with k1 KL folded in when asked) -> advantages and returns. [B, T]"""
+    rewards_BT = batch.token_rewards_BT
+    metrics: dict[str, float] = {}
+    if scored["ref"] is not None and cfg.algo.kl_mode == "k1_reward" and cfg.algo.kl_coef > 0:
+        lp_BT = scored["old"] if scored["old"] is not None else batch.old_logprobs_BT
+        kl_BT = kl_penalty(lp_BT, scored["ref"], "k1", batch.loss_mask_BT)
+        rewards_BT = apply_kl_to_rewards(rewards_BT, kl_BT, batch.loss_mask_BT, cfg.algo.kl_coef)
+        metrics["kl_reward"] = float((kl_BT * batch.loss_mask_BT).sum() / batch.loss_mask_BT.sum().clamp(min=1))
+    acfg = AdvantageConfig(
+        estimator=cfg.algo.estimator, gamma=cfg.algo.gamma, lam=cfg.algo.lam,
+        norm_by_std=cfg.algo.norm_by_std,
+    )
+    out = compute_advantages(
+        AdvantageInputs(rewards_BT, adv_mask_BT, batch.group_index_B, scored["values"]), acfg
+    )
+    return out.advantages_BT, out.returns_BT, metrics
+
+
+def rollout_metrics(groups: list[Any], stats: RolloutStats) -> dict[str, float]:
+    """Episode-level means for the log: reward, EM, turns, tool calls, stop-reason mix."""
+    trajs: list[Trajectory] = [t for g in groups for t in g.trajectories]
+    n = len(trajs)
+    m = {
+        "reward": sum(t.total_reward for t in trajs) / n,
+        "outcome_reward": sum(t.outcome_reward for t in trajs) / n,
+        "process_reward": sum(sum(t.step_rewards) for t in trajs) / n,
+        "em": sum(t.metrics.get("em", 0.0) for t in trajs) / n,
+        "f1": sum(t.metrics.get("f1", 0.0) for t in trajs) / n,
+        "turns": sum(t.num_turns for t in trajs) / n,
+        "tool_calls": sum(len(t.tool_log) for t in trajs) / n,
+        "tool_errors": sum(sum(not e.ok for e in t.tool_log) for t in trajs) / n,
+        "response_len": sum(t.response_len for t in trajs) / n,
+        "episode_len": sum(len(t.token_ids) for t in trajs) / n,
+        "gen_tokens_per_s": stats.tokens_per_s,
+    }
+    stops = Counter(str(t.stop_reason) for t in trajs)
+    for reason, count in stops.items():
+        m[f"stop/{reason}"] = count / n
+    return m
+
+
+def rl_step(s: TrainState, run: RunDir) -> dict[str, float]:
+    """One RL step; returns its metrics."""
+    cfg = s.setup.cfg
+    timer = Timer()
+    t0 = time.perf_counter()
+    groups, stats = sample_rollouts(s, timer)
+    batch = collate_groups(groups, s.setup.pad_id)
+    train_mask_BT, adv_mask_BT = _masks(batch, cfg)
+    scored = score_batch(s, batch, train_mask_BT, timer)
+    with timer("advantage"):
+        adv_BT, ret_BT, kl_metrics = compute_step_advantages(cfg, batch, scored, adv_mask_BT)
+    ub = UpdateBatch(
+        input_ids_BT=batch.input_ids_BT, attention_mask_BT=batch.attention_mask_BT,
+        loss_mask_BT=train_mask_BT, advantages_BT=adv_BT * train_mask_BT,
+        old_logprobs_BT=scored["old"], ref_logprobs_BT=scored["ref"],
+        returns_BT=ret_BT if s.critic is not None else None, old_values_BT=scored["values"],
+    )
+    train_policy = s.step >= cfg.algo.critic_warmup_steps or s.critic is None
+    with timer("update"):
+        upd = rl_update(
+            s.setup.policy, s.optimizer, s.scheduler, ub, cfg.algo, cfg.optim,
+            temperature=cfg.rollout.temperature, generator=s.update_rng,
+            critic=s.critic, critic_optimizer=s.critic_optimizer, train_policy=train_policy,
+        )
+    metrics = {"step": float(s.step), **rollout_metrics(groups, stats), **kl_metrics, **upd}
+    if scored["old"] is not None:
+        # Token in, token out: the trainer's log-probs should match the sampler's.
+        diff = (scored["old"] - batch.old_logprobs_BT).abs() * batch.loss_mask_BT
+        metrics["logprob_mismatch"] = float(diff.sum() / batch.loss_mask_BT.sum().clamp(min=1))
+    metrics.update(timer.times)
+    metrics["time/step"] = time.perf_counter() - t0
+    if cfg.train.log_trajectories:
+        run.log_trajectories(
+            s.step, [g.trajectories[0] for g in groups[: cfg.train.log_trajectories]],
+            s.setup.chat.decode,
+        )
+    return metrics
+
+
+# ---------------------------------------------------------------------------- setup
+def make_state(setup: Setup) -> TrainState:
+    cfg = setup.cfg
+    policy = setup.policy
+    opt = torch.optim.AdamW(
+        policy.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
+        betas=(0.9, 0.99),
+    )
+    total, warm = max(1, cfg.train.steps), cfg.optim.warmup_steps
+
+    def lr_at(step: int) -> float:
+        if step < warm:
+            return (step + 1) / warm
+        if cfg.optim.schedule == "cosine":
+            import math
+
+            return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warm) / max(1, total - warm))))
+        return 1.0
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    critic = critic_opt = None
+    if cfg.algo.estimator == "gae":
+        critic = ValueModel.from_policy(policy)
+        critic_opt = torch.optim.AdamW(critic.parameters(), lr=cfg.algo.critic_lr)
+    reference = None
+    if cfg.algo.kl_coef > 0:
+        import copy
+
+        reference = copy.deepcopy(policy).eval()
+        for p in reference.parameters():
+            p.requires_grad_(False)
+    gen = torch.Generator().manual_seed(cfg.train.seed)
+    return TrainState(
+        setup=setup, optimizer=opt, scheduler=sched,
+        sampler=TaskSampler(setup.tasks["train"], cfg.train.seed), update_rng=gen,
+        critic=critic, critic_optimizer=critic_opt, reference=reference,
+    )
+
+
+def _modules(s: TrainState) -> dict[str, torch.nn.Module]:
+    mods: dict[str, torch.nn.Module] = {"policy": s.setup.policy}
+    if s.critic is not None:
+        mods["critic"] = s.critic
+    if s.reference is not None:
+        mods["reference"] = s.reference
+    return mods
+
+
+def checkpoint(s: TrainState, run: RunDir, extra: dict[str, Any]) -> None:
+    states: dict[str, Any] = {
+        "optimizer": s.optimizer.state_dict(),
+        "scheduler": s.scheduler.state_dict(),
+        "rng": rng_state(),
+        "update_rng": s.update_rng.get_state(),
+        "sampler": s.sampler.state(),
+    }
+    if s.critic_optimizer is not None:
+        states["critic_optimizer"] = s.critic_optimizer.state_dict()
+    save_checkpoint(run.ckpt_dir, s.step, _modules(s), states, extra)
+
+
+def restore(s: TrainState, run: RunDir) -> dict[str, Any] | None:
+    path = latest_checkpoint(run.ckpt_dir)
+    if path is None:
+        return None
+    states, meta = load_checkpoint(path, _modules(s))
+    s.optimizer.load_state_dict(states["optimizer"])
+    s.scheduler.load_state_dict(states["scheduler"])
+    if s.critic_optimizer is not None:
+        s.critic_optimizer.load_state_dict(states["critic_optimizer"])
+    set_rng_state(states["rng"])
+    s.update_rng.set_state(states["update_rng"])
+    s.sampler.load(states["sampler"])
+    s.step = int(meta["step"])
+    log.info("resumed from %s (step %d)", path, s.step)
+    return meta
+
+
+# ---------------------------------------------------------------------------- the run
+def warm_start(setup: Setup, run: RunDir) -> dict[str, float]:
+    """SFT on scripted demonstrations run through the real rollout (same masks as RL)."""
+    cfg = setup.cfg
+    sft = cfg.sft
+    gen = setup.demo_generator(sft.early_answer_prob, cfg.train.seed)
+    demo_tasks = TaskSampler(setup.tasks["train"], cfg.train.seed + 1).sample(
+        min(sft.demos, len(setup.tasks["train"]))
+    )
+    rcfg = dataclasses.replace(cfg.rollout, n_samples=1, temperature=1.0)
+    t0 = time.perf_counter()
+    demos = [t for g in run_rollout(demo_tasks, setup.make_env, gen, setup.chat, rcfg)
+             for t in g.trajectories]
+    demo_em = sum(t.metrics["em"] for t in demos) / len(demos)
+    multi = [t for t, task in zip(demos, demo_tasks, strict=True) if task.metadata.get("hops", 1) > 1]
+    multi_em = sum(t.metrics["em"] for t in multi) / max(1, len(multi))
+    t1 = time.perf_counter()
+    bar = run.progress(sft.steps, "SFT warm start")
+    losses = sft_train(
+        setup.policy, demos, sft.steps, sft.batch_size, sft.lr, setup.pad_id, cfg.train.seed,
+        on_step=lambda i, loss: bar.update_with(loss=loss),
+    )
+    bar.close()
+    info = {
+        "sft/demo_em": demo_em, "sft/demo_multihop_em": multi_em, "sft/demos": float(len(demos)),
+        "sft/final_loss": sum(losses[-20:]) / max(1, len(losses[-20:])),
+        "time/sft_demos": t1 - t0, "time/sft": time.perf_counter() - t1,
+    }
+    run.log_metrics({"phase": "sft", **info})
+    return info
+
+
+def run_eval(setup: Setup, label: str) -> dict[str, dict[str, EvalResult]]:
+    """Greedy and sampled evaluation on every configured split."""
+    cfg = setup.cfg
+    setup.policy.eval()
+    out: dict[str, dict[str, EvalResult]] = {"greedy": {}, "sampled": {}}
+    for split in cfg.eval.splits:
+        tasks = setup.tasks[split]
+        if cfg.eval.max_tasks:
+            tasks = tasks[: cfg.eval.max_tasks]
+        out["greedy"][split] = evaluate(
+            tasks, setup.make_env, setup.generator, setup.chat, cfg.rollout, 0.0, 1, seed=1
+        )
+        out["sampled"][split] = evaluate(
+            tasks, setup.make_env, setup.generator, setup.chat, cfg.rollout,
+            cfg.eval.temperature, cfg.eval.sampled_n, seed=2,
+        )
+    log.info("eval %s: %s", label, {k: {s: r.em for s, r in v.items()} for k, v in out.items()})
+    return out
+
+
+def eval_record(res: dict[str, dict[str, EvalResult]]) -> dict[str, Any]:
+    return {mode: {s: r.by_group for s, r in per.items()} for mode, per in res.items()}
+
+
+def train(cfg: Config, resume: bool = False, stop_after: int | None = None) -> dict[str, Any]:
+    """Run a whole training job; returns the summary (also written to the run directory).
+
+    Args:
+        cfg: a validated config.
+        resume: continue from the newest checkpoint in ``cfg.train.run_dir`` if any.
+        stop_after: stop (without the final eval) after this many RL steps in this call —
+            used to simulate a killed run in tests.
+    """
+    run = RunDir(cfg.train.run_dir, cfg, fresh=not resume)
+    t_start = time.perf_counter()
+    setup = build_setup(cfg)
+    state = make_state(setup)
+    meta = restore(state, run) if resume else None
+    summary: dict[str, Any] = dict(meta.get("summary", {})) if meta else {}
+    if meta is None:
+        if cfg.sft.enabled:
+            summary["sft"] = warm_start(setup, run)
+        summary["eval_before"] = eval_record(run_eval(setup, "before RL"))
+        run.log_metrics({"phase": "eval_before", **summary["eval_before"]})
+        # Reference = the warm-started policy, so KL pulls toward it, not the random init.
+        if state.reference is not None:
+            state.reference.load_state_dict(setup.policy.state_dict())
+        checkpoint(state, run, {"summary": summary})
+    bar = run.progress(cfg.train.steps, f"RL ({cfg.algo.estimator})", initial=state.step)
+    done_here = 0
+    while state.step < cfg.train.steps:
+        if stop_after is not None and done_here >= stop_after:
+            bar.close()
+            return summary
+        metrics = rl_step(state, run)
+        state.step += 1
+        done_here += 1
+        run.log_metrics({"phase": "rl", **metrics})
+        bar.update_with(reward=metrics["reward"], em=metrics["em"], turns=metrics["turns"])
+        if cfg.train.eval_every and state.step % cfg.train.eval_every == 0:
+            run.log_metrics({"phase": "eval", "step": state.step, **eval_record(run_eval(setup, f"step {state.step}"))})
+        if cfg.train.checkpoint_every and state.step % cfg.train.checkpoint_every == 0:
+            checkpoint(state, run, {"summary": summary})
+    bar.close()
+    summary["eval_after"] = eval_record(run_eval(setup, "after RL"))
+    run.log_metrics({"phase": "eval_after", **summary["eval_after"]})
+    summary["minutes"] = (time.perf_counter() - t_start) / 60
+    summary["steps"] = state.step
+    checkpoint(state, run, {"summary": summary})
+    setup.policy.save_pretrained(run.dir / "final_model", safe_serialization=True)
+    setup.tokenizer.save_pretrained(run.dir / "final_model")
+    run.finish(summary)
+    return summary

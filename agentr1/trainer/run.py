@@ -1,0 +1,162 @@
+"""The run directory: config, metrics, trajectories, checkpoints, plots and the report.
+
+    runs/<name>/
+      config.yaml          the resolved config
+      metrics.jsonl        one JSON object per SFT phase / RL step / evaluation
+      trajectories.jsonl   sampled episodes with decoded text, tool calls, rewards, masks
+      checkpoints/         atomic checkpoints (step_XXXXXX/)
+      plots/training.png   reward, EM, KL, entropy, lengths, tool calls, stop reasons
+      report.md            the summary table
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agentr1 import configutil
+from agentr1.rollout.io import write_trajectories
+from agentr1.types import Trajectory
+
+
+class _Bar:
+    """tqdm with ETA when available and a terminal or log is attached."""
+
+    def __init__(self, total: int, desc: str, initial: int = 0) -> None:
+        from tqdm import tqdm
+
+        self._bar = tqdm(total=total, desc=desc, initial=initial, file=sys.stderr,
+                         dynamic_ncols=True, mininterval=1.0)
+
+    def update_with(self, **postfix: float) -> None:
+        self._bar.set_postfix({k: f"{v:.3g}" for k, v in postfix.items()}, refresh=False)
+        self._bar.update(1)
+
+    def close(self) -> None:
+        self._bar.close()
+
+
+class RunDir:
+    """Owns the files of one run."""
+
+    OWNED = ("metrics.jsonl", "trajectories.jsonl", "checkpoints", "plots", "report.md",
+             "summary.json", "final_model")
+
+    def __init__(self, path: str | Path, cfg: Any, fresh: bool) -> None:
+        self.dir = Path(path)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        if fresh:  # remove only what a previous run of ours wrote here
+            for name in self.OWNED:
+                p = self.dir / name
+                if p.is_dir():
+                    shutil.rmtree(p)
+                elif p.exists():
+                    p.unlink()
+        (self.dir / "config.yaml").write_text(yaml.safe_dump(configutil.to_dict(cfg), sort_keys=False))
+        self.ckpt_dir = self.dir / "checkpoints"
+
+    def log_metrics(self, record: dict[str, Any]) -> None:
+        with open(self.dir / "metrics.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps(record, default=float) + "\n")
+
+    def log_trajectories(
+        self, step: int, trajs: Sequence[Trajectory], decode: Callable[[Sequence[int]], str]
+    ) -> None:
+        for t in trajs:
+            t.metrics["rl_step"] = float(step)
+        write_trajectories(self.dir / "trajectories.jsonl", trajs, decode, append=True)
+
+    def progress(self, total: int, desc: str, initial: int = 0) -> _Bar:
+        return _Bar(total, desc, initial)
+
+    def records(self, phase: str) -> list[dict[str, Any]]:
+        path = self.dir / "metrics.jsonl"
+        if not path.exists():
+            return []
+        with open(path, encoding="utf-8") as f:
+            return [r for r in map(json.loads, f) if r.get("phase") == phase]
+
+    def plot(self) -> Path | None:
+        """Training curves as one PNG (skipped when there are no RL steps)."""
+        rows = self.records("rl")
+        if not rows:
+            return None
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        steps = [r["step"] for r in rows]
+        panels = [
+            ("reward", "reward (outcome + process)"), ("em", "exact match (train rollouts)"),
+            ("kl", "KL to reference"), ("entropy", "entropy"),
+            ("response_len", "sampled tokens / episode"), ("tool_calls", "tool calls / episode"),
+        ]
+        fig, axes = plt.subplots(2, 4, figsize=(18, 7))
+        flat = list(axes.flat)
+        for ax, (key, title) in zip(flat, panels, strict=False):
+            ys = [r.get(key, math.nan) for r in rows]
+            ax.plot(steps, ys)
+            ax.set_title(title)
+            ax.set_xlabel("RL step")
+        ax = flat[len(panels)]
+        reasons = sorted({k for r in rows for k in r if k.startswith("stop/")})
+        bottom = [0.0] * len(rows)
+        for k in reasons:
+            ys = [r.get(k, 0.0) for r in rows]
+            ax.bar(steps, ys, bottom=bottom, label=k[5:], width=1.0)
+            bottom = [b + y for b, y in zip(bottom, ys, strict=True)]
+        ax.set_title("stop reasons")
+        ax.legend(fontsize=7)
+        ax = flat[len(panels) + 1]
+        for k in sorted(k for k in rows[0] if k.startswith("time/") and k != "time/step"):
+            ax.plot(steps, [r.get(k, math.nan) for r in rows], label=k[5:])
+        ax.set_title("seconds per phase")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        out = self.dir / "plots" / "training.png"
+        out.parent.mkdir(exist_ok=True)
+        fig.savefig(out, dpi=80)
+        plt.close(fig)
+        return out
+
+    def finish(self, summary: dict[str, Any]) -> str:
+        """Write summary.json, plots and report.md; print and return the table."""
+        (self.dir / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
+        self.plot()
+        table = summary_table(summary)
+        (self.dir / "report.md").write_text(f"# Run report\n\n{table}\n")
+        print("\n" + table, flush=True)
+        return table
+
+
+def summary_table(summary: dict[str, Any]) -> str:
+    """Markdown: EM per split and hop count, greedy and sampled, before and after RL."""
+    before, after = summary.get("eval_before", {}), summary.get("eval_after", {})
+    cols: list[tuple[str, str]] = []
+    for rec in (before, after):
+        for per_split in rec.values():
+            for split, groups in per_split.items():
+                for g in groups:
+                    if (split, g) not in cols:
+                        cols.append((split, g))
+    lines = ["| EM | " + " | ".join(f"{s} {g}" for s, g in cols) + " |",
+             "|---|" + "---|" * len(cols)]
+    for when, rec in (("before RL", before), ("after RL", after)):
+        for mode in ("greedy", "sampled"):
+            per_split = rec.get(mode, {})
+            cells = []
+            for s, g in cols:
+                v = per_split.get(s, {}).get(g, {}).get("em")
+                cells.append("" if v is None else f"{v:.3f}")
+            lines.append(f"| {mode}, {when} | " + " | ".join(cells) + " |")
+    if "minutes" in summary:
+        lines.append(f"\n{summary.get('steps', 0)} RL steps, {summary['minutes']:.1f} minutes in total.")
+    return "\n".join(lines)

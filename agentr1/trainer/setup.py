@@ -1,0 +1,92 @@
+"""Wire a `Config` into the parts a run needs: tasks, env factory, tokenizer, policy,
+chat format and generator. The only place (with the CLI) that knows every layer."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agentr1 import configutil
+from agentr1.backends.hf import HFGenerator
+from agentr1.config import Config
+from agentr1.envs.world import World
+from agentr1.envs.world_env import WorldEnvFactory, oracle_generator, tokenizer_corpus
+from agentr1.rewards import OUTCOME_REWARDS
+from agentr1.rollout.chat import ChatFormat
+from agentr1.templates import CHATML_TOOLS_MINIMAL, QWEN25_TOOLS
+from agentr1.types import Task
+
+log = logging.getLogger(__name__)
+
+TEMPLATES = {"qwen2.5": QWEN25_TOOLS, "chatml-minimal": CHATML_TOOLS_MINIMAL, "model": None}
+
+
+@dataclass
+class Setup:
+    """Everything a run is made of (built once per process)."""
+
+    cfg: Config
+    world: World
+    tasks: dict[str, list[Task]]
+    make_env: WorldEnvFactory
+    tokenizer: Any
+    chat: ChatFormat
+    policy: Any
+    generator: HFGenerator
+    pad_id: int
+    model_dir: Path
+
+    def demo_generator(self, early_answer_prob: float, seed: int) -> Any:
+        """The world's scripted oracle (optionally imperfect) as a Generator."""
+        return oracle_generator(self.world, self.chat, early_answer_prob, seed)
+
+
+def _tiny_model_dir(cfg: Config, cache_root: Path) -> Path:
+    """A content key for the tiny model: the same world + shape + seed reuse one build."""
+    key = json.dumps(
+        {"world": configutil.to_dict(cfg.task.world), "tiny": configutil.to_dict(cfg.model.tiny),
+         "seed": cfg.train.seed, "v": 1},
+        sort_keys=True,
+    )
+    return cache_root / f"tiny-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+
+
+def build_setup(cfg: Config, cache_root: str | Path = "runs/.cache") -> Setup:
+    """Build the world, the env factory, the tokenizer and policy, and the generator."""
+    from agentr1.tiny import build_and_save
+
+    torch.manual_seed(cfg.train.seed)
+    if cfg.train.threads > 0:
+        torch.set_num_threads(cfg.train.threads)
+    world = World.build(cfg.task.world)
+    tasks = {s: world.tasks(s) for s in ("train", "test", "test_ood")}
+    make_env = WorldEnvFactory(
+        world, top_k=cfg.task.top_k, system_prompt=cfg.task.system_prompt,
+        outcome_reward=OUTCOME_REWARDS[cfg.task.outcome_reward],
+        process_reward=cfg.task.process.build(),
+    )
+    if cfg.model.path == "tiny":
+        model_dir = _tiny_model_dir(cfg, Path(cache_root))
+        if not (model_dir / "config.json").exists():
+            log.info("building tiny model and tokenizer in %s", model_dir)
+            build_and_save(model_dir, tokenizer_corpus(world), cfg.model.tiny, cfg.train.seed)
+        path = str(model_dir)
+    else:
+        path = cfg.model.path  # a local directory, a hub id, or a known alias
+        model_dir = Path(path)
+    from agentr1.models import load_model, load_tokenizer
+
+    tokenizer = load_tokenizer(path)
+    dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
+    policy = load_model(path, dtype=dtype)
+    template = TEMPLATES[cfg.model.chat_template]
+    chat = ChatFormat.from_hf(tokenizer, chat_template=template)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else chat.end_of_turn_id
+    generator = HFGenerator(policy, tokenizer)
+    return Setup(cfg, world, tasks, make_env, tokenizer, chat, policy, generator, pad_id, model_dir)
