@@ -32,8 +32,9 @@ def _train(recipe: str | None, overrides: list[str], resume: bool) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="agentr1", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="agentr1", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_demo = sub.add_parser("demo", help="train an agent on the embedded multi-hop world")
     p_demo.add_argument("overrides", nargs="*", help="section.field=value")
@@ -47,7 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     p_models.add_argument("name", choices=["smollm2-135m-instruct"])
     p_models.add_argument("--out", default=None, help="output directory")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     for noisy in ("bm25s", "matplotlib", "httpx", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:

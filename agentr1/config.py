@@ -195,9 +195,14 @@ class Config:
 
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
-    rollout: RolloutConfig = field(default_factory=lambda: RolloutConfig(
-        n_samples=8, max_turns=5, max_tokens_per_turn=48, max_context=512,
-    ))
+    rollout: RolloutConfig = field(
+        default_factory=lambda: RolloutConfig(
+            n_samples=8,
+            max_turns=5,
+            max_tokens_per_turn=48,
+            max_context=512,
+        )
+    )
     sft: SFTConfig = field(default_factory=SFTConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -239,7 +244,9 @@ class Config:
             )
         tm = self.model.tiny
         if tm.hidden_size % tm.heads:
-            errors.append(f"model.tiny.hidden_size={tm.hidden_size} must divide by heads={tm.heads}")
+            errors.append(
+                f"model.tiny.hidden_size={tm.hidden_size} must divide by heads={tm.heads}"
+            )
         if not 0 <= self.sft.early_answer_prob <= 1:
             errors.append("sft.early_answer_prob is a probability: it must be in [0, 1]")
         if self.task.top_k < 1:

@@ -44,7 +44,9 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
                 return _coerce(value, a, where)
             except ConfigError as e:
                 errors.append(str(e))
-        raise ConfigError(errors[0] if len(errors) == 1 else f"{where}: {value!r} matches none of {tp}")
+        raise ConfigError(
+            errors[0] if len(errors) == 1 else f"{where}: {value!r} matches none of {tp}"
+        )
     if origin is typing.Literal:
         allowed = typing.get_args(tp)
         if value not in allowed:
@@ -95,6 +97,13 @@ def build(cls: type[T], data: dict[str, Any], where: str = "") -> T:
             raise ConfigError(
                 f"{path}: unknown field; valid fields of {cls.__name__}: {', '.join(sorted(fields))}"
             )
+        f = fields[key]
+        if isinstance(value, dict) and f.default_factory is not dataclasses.MISSING:
+            # A partial section overrides the field's own default, not the class defaults
+            # of its type (e.g. Config.rollout's defaults differ from RolloutConfig's).
+            default = f.default_factory()
+            if dataclasses.is_dataclass(default):
+                value = _merge(to_dict(default), value)
         kwargs[key] = _coerce(value, hints[key], path)
     try:
         return cls(**kwargs)
@@ -102,6 +111,13 @@ def build(cls: type[T], data: dict[str, Any], where: str = "") -> T:
         if isinstance(e, ConfigError):
             raise
         raise ConfigError(f"{where or cls.__name__}: {e}") from None
+
+
+def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in top.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
 
 
 def to_dict(obj: Any) -> Any:

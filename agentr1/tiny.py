@@ -45,8 +45,15 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Any:
 
 
 def build_tiny_llama(
-    vocab_size: int, hidden_size: int, layers: int, heads: int, intermediate_size: int,
-    max_positions: int, pad_token_id: int, eos_token_id: int, seed: int,
+    vocab_size: int,
+    hidden_size: int,
+    layers: int,
+    heads: int,
+    intermediate_size: int,
+    max_positions: int,
+    pad_token_id: int,
+    eos_token_id: int,
+    seed: int,
 ) -> Any:
     """A freshly initialized LlamaForCausalLM (float32, tied embeddings)."""
     import torch
@@ -71,18 +78,21 @@ def build_tiny_llama(
     return model.float()
 
 
-def build_and_save(
-    out_dir: str | Path, texts: Iterable[str], tiny: Any, seed: int
-) -> Path:
+def build_and_save(out_dir: str | Path, texts: Iterable[str], tiny: Any, seed: int) -> Path:
     """Train the tokenizer, build the model (``tiny``: a TinyModelConfig), save both."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tok = train_tokenizer(texts, tiny.vocab_size)
     model = build_tiny_llama(
-        vocab_size=len(tok), hidden_size=tiny.hidden_size, layers=tiny.layers,
-        heads=tiny.heads, intermediate_size=tiny.intermediate_size,
-        max_positions=tiny.max_positions, pad_token_id=tok.pad_token_id,
-        eos_token_id=tok.eos_token_id, seed=seed,
+        vocab_size=len(tok),
+        hidden_size=tiny.hidden_size,
+        layers=tiny.layers,
+        heads=tiny.heads,
+        intermediate_size=tiny.intermediate_size,
+        max_positions=tiny.max_positions,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        seed=seed,
     )
     tok.save_pretrained(out)
     model.save_pretrained(out, safe_serialization=True)

@@ -207,10 +207,11 @@ class ToolEnv:
             out = ToolResult(content=out)
         if not isinstance(out, ToolResult) or not isinstance(out.content, str):
             return _error("tool_bad_output", f"Error: {call.name} returned no readable text.")
-        if len(out.content) > self.max_observation_chars:
-            cut = out.content[: self.max_observation_chars] + " ...[truncated]"
-            out = ToolResult(content=cut, ok=out.ok, metadata={**out.metadata, "truncated": True})
-        return out
+        result: ToolResult = out
+        if len(result.content) > self.max_observation_chars:
+            cut = result.content[: self.max_observation_chars] + " ...[truncated]"
+            result = ToolResult(cut, ok=result.ok, metadata={**result.metadata, "truncated": True})
+        return result
 
 
 def _error(kind: str, message: str) -> ToolResult:

@@ -84,9 +84,9 @@ def _json_type(annotation: Any) -> dict[str, Any]:
     if origin is dict:
         return {"type": "object"}
     if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        if len(args) == 1:
-            return _json_type(args[0])
+        members = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(members) == 1:
+            return _json_type(members[0])
     raise TypeError(f"unsupported parameter annotation {annotation!r} for a tool")
 
 
@@ -196,12 +196,24 @@ class FunctionTool:
         return ToolResult(content=out)
 
 
+@typing.overload
+def tool(
+    fn: Callable[..., Any], *, name: str | None = None, timeout_s: float = 10.0
+) -> FunctionTool: ...
+
+
+@typing.overload
+def tool(
+    fn: None = None, *, name: str | None = None, timeout_s: float = 10.0
+) -> Callable[[Callable[..., Any]], FunctionTool]: ...
+
+
 def tool(
     fn: Callable[..., Any] | None = None,
     *,
     name: str | None = None,
     timeout_s: float = 10.0,
-) -> Any:
+) -> FunctionTool | Callable[[Callable[..., Any]], FunctionTool]:
     """Make a Tool from a typed function with a Google-style docstring.
 
     >>> @tool

@@ -62,7 +62,8 @@ def evaluate(expression: str) -> float | int:
         tree = ast.parse(expression.strip(), mode="eval")
     except SyntaxError as e:
         raise CalculatorError(f"not an arithmetic expression: {e.msg}") from None
-    return _eval(tree.body)
+    value: float | int = _eval(tree.body)
+    return value
 
 
 def _check(x: Any) -> Any:

@@ -40,9 +40,16 @@ def _weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 def rng_state() -> dict[str, Any]:
     """Every RNG the run draws from."""
     py = random.getstate()
-    return {
+    name, keys, pos, has_gauss, cached = np.random.get_state()  # type: ignore[misc]
+    return {  # builtins and tensors only, so `torch.load(weights_only=True)` accepts it
         "python": [py[0], list(py[1]), py[2]],
-        "numpy": list(np.random.get_state()),
+        "numpy": [
+            str(name),
+            torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+            int(pos),
+            int(has_gauss),
+            float(cached),
+        ],
         "torch": torch.get_rng_state(),
     }
 
@@ -50,8 +57,8 @@ def rng_state() -> dict[str, Any]:
 def set_rng_state(state: dict[str, Any]) -> None:
     py = state["python"]
     random.setstate((py[0], tuple(py[1]), py[2]))
-    np_state = state["numpy"]
-    np.random.set_state((np_state[0], np.asarray(np_state[1], dtype=np.uint32), *np_state[2:]))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
 
 

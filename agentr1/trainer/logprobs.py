@@ -21,8 +21,12 @@ from torch.utils.checkpoint import checkpoint
 
 
 def _head_chunk(
-    hidden_NH: torch.Tensor, targets_N: torch.Tensor, weight_VH: torch.Tensor,
-    bias_V: torch.Tensor | None, inv_temp: float, with_entropy: bool,
+    hidden_NH: torch.Tensor,
+    targets_N: torch.Tensor,
+    weight_VH: torch.Tensor,
+    bias_V: torch.Tensor | None,
+    inv_temp: float,
+    with_entropy: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     logits_NV = torch.nn.functional.linear(hidden_NH, weight_VH, bias_V).float() * inv_temp
     logz_N = torch.logsumexp(logits_NV, dim=-1)
@@ -70,7 +74,9 @@ def token_logprobs(
     """
     backbone, head = backbone_and_head(model)
     B, T = input_ids_BT.shape
-    hidden_BTH = backbone(input_ids=input_ids_BT, attention_mask=attention_mask_BT).last_hidden_state
+    hidden_BTH = backbone(
+        input_ids=input_ids_BT, attention_mask=attention_mask_BT
+    ).last_hidden_state
     sel_BT = torch.zeros(B, T, dtype=torch.bool, device=input_ids_BT.device)
     if select_BT is None:
         sel_BT[:, 1:] = attention_mask_BT[:, 1:].bool()
@@ -83,8 +89,14 @@ def token_logprobs(
     inv_temp = 1.0 / temperature if temperature > 0 else 1.0
     lps, ents = [], []
     for s in range(0, hidden_NH.shape[0], chunk):
-        args = (hidden_NH[s : s + chunk], targets_N[s : s + chunk], head.weight, head.bias,
-                inv_temp, with_entropy)
+        args = (
+            hidden_NH[s : s + chunk],
+            targets_N[s : s + chunk],
+            head.weight,
+            head.bias,
+            inv_temp,
+            with_entropy,
+        )
         if torch.is_grad_enabled():
             lp, ent = checkpoint(_head_chunk, *args, use_reentrant=False)
         else:

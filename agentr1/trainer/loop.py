@@ -139,7 +139,9 @@ def _masks(batch: Any, cfg: Config) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @torch.no_grad()
-def score_batch(s: TrainState, batch: Any, train_mask_BT: torch.Tensor, timer: Timer) -> dict[str, Any]:
+def score_batch(
+    s: TrainState, batch: Any, train_mask_BT: torch.Tensor, timer: Timer
+) -> dict[str, Any]:
     """Reference log-probs, critic values and (when off-policy) old log-probs. [B, T] each."""
     cfg = s.setup.cfg
     temp = cfg.rollout.temperature
@@ -172,9 +174,13 @@ def compute_step_advantages(
         lp_BT = scored["old"] if scored["old"] is not None else batch.old_logprobs_BT
         kl_BT = kl_penalty(lp_BT, scored["ref"], "k1", batch.loss_mask_BT)
         rewards_BT = apply_kl_to_rewards(rewards_BT, kl_BT, batch.loss_mask_BT, cfg.algo.kl_coef)
-        metrics["kl_reward"] = float((kl_BT * batch.loss_mask_BT).sum() / batch.loss_mask_BT.sum().clamp(min=1))
+        metrics["kl_reward"] = float(
+            (kl_BT * batch.loss_mask_BT).sum() / batch.loss_mask_BT.sum().clamp(min=1)
+        )
     acfg = AdvantageConfig(
-        estimator=cfg.algo.estimator, gamma=cfg.algo.gamma, lam=cfg.algo.lam,
+        estimator=cfg.algo.estimator,
+        gamma=cfg.algo.gamma,
+        lam=cfg.algo.lam,
         norm_by_std=cfg.algo.norm_by_std,
     )
     out = compute_advantages(
@@ -218,17 +224,29 @@ def rl_step(s: TrainState, run: RunDir) -> dict[str, float]:
     with timer("advantage"):
         adv_BT, ret_BT, kl_metrics = compute_step_advantages(cfg, batch, scored, adv_mask_BT)
     ub = UpdateBatch(
-        input_ids_BT=batch.input_ids_BT, attention_mask_BT=batch.attention_mask_BT,
-        loss_mask_BT=train_mask_BT, advantages_BT=adv_BT * train_mask_BT,
-        old_logprobs_BT=scored["old"], ref_logprobs_BT=scored["ref"],
-        returns_BT=ret_BT if s.critic is not None else None, old_values_BT=scored["values"],
+        input_ids_BT=batch.input_ids_BT,
+        attention_mask_BT=batch.attention_mask_BT,
+        loss_mask_BT=train_mask_BT,
+        advantages_BT=adv_BT * train_mask_BT,
+        old_logprobs_BT=scored["old"],
+        ref_logprobs_BT=scored["ref"],
+        returns_BT=ret_BT if s.critic is not None else None,
+        old_values_BT=scored["values"],
     )
     train_policy = s.step >= cfg.algo.critic_warmup_steps or s.critic is None
     with timer("update"):
         upd = rl_update(
-            s.setup.policy, s.optimizer, s.scheduler, ub, cfg.algo, cfg.optim,
-            temperature=cfg.rollout.temperature, generator=s.update_rng,
-            critic=s.critic, critic_optimizer=s.critic_optimizer, train_policy=train_policy,
+            s.setup.policy,
+            s.optimizer,
+            s.scheduler,
+            ub,
+            cfg.algo,
+            cfg.optim,
+            temperature=cfg.rollout.temperature,
+            generator=s.update_rng,
+            critic=s.critic,
+            critic_optimizer=s.critic_optimizer,
+            train_policy=train_policy,
         )
     metrics = {"step": float(s.step), **rollout_metrics(groups, stats), **kl_metrics, **upd}
     if scored["old"] is not None:
@@ -239,7 +257,8 @@ def rl_step(s: TrainState, run: RunDir) -> dict[str, float]:
     metrics["time/step"] = time.perf_counter() - t0
     if cfg.train.log_trajectories:
         run.log_trajectories(
-            s.step, [g.trajectories[0] for g in groups[: cfg.train.log_trajectories]],
+            s.step,
+            [g.trajectories[0] for g in groups[: cfg.train.log_trajectories]],
             s.setup.chat.decode,
         )
     return metrics
@@ -250,7 +269,9 @@ def make_state(setup: Setup) -> TrainState:
     cfg = setup.cfg
     policy = setup.policy
     opt = torch.optim.AdamW(
-        policy.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
+        policy.parameters(),
+        lr=cfg.optim.lr,
+        weight_decay=cfg.optim.weight_decay,
         betas=(0.9, 0.99),
     )
     total, warm = max(1, cfg.train.steps), cfg.optim.warmup_steps
@@ -278,9 +299,14 @@ def make_state(setup: Setup) -> TrainState:
             p.requires_grad_(False)
     gen = torch.Generator().manual_seed(cfg.train.seed)
     return TrainState(
-        setup=setup, optimizer=opt, scheduler=sched,
-        sampler=TaskSampler(setup.tasks["train"], cfg.train.seed), update_rng=gen,
-        critic=critic, critic_optimizer=critic_opt, reference=reference,
+        setup=setup,
+        optimizer=opt,
+        scheduler=sched,
+        sampler=TaskSampler(setup.tasks["train"], cfg.train.seed),
+        update_rng=gen,
+        critic=critic,
+        critic_optimizer=critic_opt,
+        reference=reference,
     )
 
 
@@ -334,22 +360,36 @@ def warm_start(setup: Setup, run: RunDir) -> dict[str, float]:
     )
     rcfg = dataclasses.replace(cfg.rollout, n_samples=1, temperature=1.0)
     t0 = time.perf_counter()
-    demos = [t for g in run_rollout(demo_tasks, setup.make_env, gen, setup.chat, rcfg)
-             for t in g.trajectories]
+    demos = [
+        t
+        for g in run_rollout(demo_tasks, setup.make_env, gen, setup.chat, rcfg)
+        for t in g.trajectories
+    ]
     demo_em = sum(t.metrics["em"] for t in demos) / len(demos)
-    multi = [t for t, task in zip(demos, demo_tasks, strict=True) if task.metadata.get("hops", 1) > 1]
+    multi = [
+        t for t, task in zip(demos, demo_tasks, strict=True) if task.metadata.get("hops", 1) > 1
+    ]
     multi_em = sum(t.metrics["em"] for t in multi) / max(1, len(multi))
     t1 = time.perf_counter()
     bar = run.progress(sft.steps, "SFT warm start")
     losses = sft_train(
-        setup.policy, demos, sft.steps, sft.batch_size, sft.lr, setup.pad_id, cfg.train.seed,
+        setup.policy,
+        demos,
+        sft.steps,
+        sft.batch_size,
+        sft.lr,
+        setup.pad_id,
+        cfg.train.seed,
         on_step=lambda i, loss: bar.update_with(loss=loss),
     )
     bar.close()
     info = {
-        "sft/demo_em": demo_em, "sft/demo_multihop_em": multi_em, "sft/demos": float(len(demos)),
+        "sft/demo_em": demo_em,
+        "sft/demo_multihop_em": multi_em,
+        "sft/demos": float(len(demos)),
         "sft/final_loss": sum(losses[-20:]) / max(1, len(losses[-20:])),
-        "time/sft_demos": t1 - t0, "time/sft": time.perf_counter() - t1,
+        "time/sft_demos": t1 - t0,
+        "time/sft": time.perf_counter() - t1,
     }
     run.log_metrics({"phase": "sft", **info})
     return info
@@ -368,8 +408,14 @@ def run_eval(setup: Setup, label: str) -> dict[str, dict[str, EvalResult]]:
             tasks, setup.make_env, setup.generator, setup.chat, cfg.rollout, 0.0, 1, seed=1
         )
         out["sampled"][split] = evaluate(
-            tasks, setup.make_env, setup.generator, setup.chat, cfg.rollout,
-            cfg.eval.temperature, cfg.eval.sampled_n, seed=2,
+            tasks,
+            setup.make_env,
+            setup.generator,
+            setup.chat,
+            cfg.rollout,
+            cfg.eval.temperature,
+            cfg.eval.sampled_n,
+            seed=2,
         )
     log.info("eval %s: %s", label, {k: {s: r.em for s, r in v.items()} for k, v in out.items()})
     return out
@@ -415,7 +461,13 @@ def train(cfg: Config, resume: bool = False, stop_after: int | None = None) -> d
         run.log_metrics({"phase": "rl", **metrics})
         bar.update_with(reward=metrics["reward"], em=metrics["em"], turns=metrics["turns"])
         if cfg.train.eval_every and state.step % cfg.train.eval_every == 0:
-            run.log_metrics({"phase": "eval", "step": state.step, **eval_record(run_eval(setup, f"step {state.step}"))})
+            run.log_metrics(
+                {
+                    "phase": "eval",
+                    "step": state.step,
+                    **eval_record(run_eval(setup, f"step {state.step}")),
+                }
+            )
         if cfg.train.checkpoint_every and state.step % cfg.train.checkpoint_every == 0:
             checkpoint(state, run, {"summary": summary})
     bar.close()

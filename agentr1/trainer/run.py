@@ -1,12 +1,12 @@
 """The run directory: config, metrics, trajectories, checkpoints, plots and the report.
 
-    runs/<name>/
-      config.yaml          the resolved config
-      metrics.jsonl        one JSON object per SFT phase / RL step / evaluation
-      trajectories.jsonl   sampled episodes with decoded text, tool calls, rewards, masks
-      checkpoints/         atomic checkpoints (step_XXXXXX/)
-      plots/training.png   reward, EM, KL, entropy, lengths, tool calls, stop reasons
-      report.md            the summary table
+runs/<name>/
+  config.yaml          the resolved config
+  metrics.jsonl        one JSON object per SFT phase / RL step / evaluation
+  trajectories.jsonl   sampled episodes with decoded text, tool calls, rewards, masks
+  checkpoints/         atomic checkpoints (step_XXXXXX/)
+  plots/training.png   reward, EM, KL, entropy, lengths, tool calls, stop reasons
+  report.md            the summary table
 """
 
 from __future__ import annotations
@@ -32,8 +32,14 @@ class _Bar:
     def __init__(self, total: int, desc: str, initial: int = 0) -> None:
         from tqdm import tqdm
 
-        self._bar = tqdm(total=total, desc=desc, initial=initial, file=sys.stderr,
-                         dynamic_ncols=True, mininterval=1.0)
+        self._bar = tqdm(
+            total=total,
+            desc=desc,
+            initial=initial,
+            file=sys.stderr,
+            dynamic_ncols=True,
+            mininterval=1.0,
+        )
 
     def update_with(self, **postfix: float) -> None:
         self._bar.set_postfix({k: f"{v:.3g}" for k, v in postfix.items()}, refresh=False)
@@ -46,8 +52,15 @@ class _Bar:
 class RunDir:
     """Owns the files of one run."""
 
-    OWNED = ("metrics.jsonl", "trajectories.jsonl", "checkpoints", "plots", "report.md",
-             "summary.json", "final_model")
+    OWNED = (
+        "metrics.jsonl",
+        "trajectories.jsonl",
+        "checkpoints",
+        "plots",
+        "report.md",
+        "summary.json",
+        "final_model",
+    )
 
     def __init__(self, path: str | Path, cfg: Any, fresh: bool) -> None:
         self.dir = Path(path)
@@ -59,7 +72,9 @@ class RunDir:
                     shutil.rmtree(p)
                 elif p.exists():
                     p.unlink()
-        (self.dir / "config.yaml").write_text(yaml.safe_dump(configutil.to_dict(cfg), sort_keys=False))
+        (self.dir / "config.yaml").write_text(
+            yaml.safe_dump(configutil.to_dict(cfg), sort_keys=False)
+        )
         self.ckpt_dir = self.dir / "checkpoints"
 
     def log_metrics(self, record: dict[str, Any]) -> None:
@@ -95,9 +110,12 @@ class RunDir:
 
         steps = [r["step"] for r in rows]
         panels = [
-            ("reward", "reward (outcome + process)"), ("em", "exact match (train rollouts)"),
-            ("kl", "KL to reference"), ("entropy", "entropy"),
-            ("response_len", "sampled tokens / episode"), ("tool_calls", "tool calls / episode"),
+            ("reward", "reward (outcome + process)"),
+            ("em", "exact match (train rollouts)"),
+            ("kl", "KL to reference"),
+            ("entropy", "entropy"),
+            ("response_len", "sampled tokens / episode"),
+            ("tool_calls", "tool calls / episode"),
         ]
         fig, axes = plt.subplots(2, 4, figsize=(18, 7))
         flat = list(axes.flat)
@@ -147,8 +165,10 @@ def summary_table(summary: dict[str, Any]) -> str:
                 for g in groups:
                     if (split, g) not in cols:
                         cols.append((split, g))
-    lines = ["| EM | " + " | ".join(f"{s} {g}" for s, g in cols) + " |",
-             "|---|" + "---|" * len(cols)]
+    lines = [
+        "| EM | " + " | ".join(f"{s} {g}" for s, g in cols) + " |",
+        "|---|" + "---|" * len(cols),
+    ]
     for when, rec in (("before RL", before), ("after RL", after)):
         for mode in ("greedy", "sampled"):
             per_split = rec.get(mode, {})
@@ -158,5 +178,7 @@ def summary_table(summary: dict[str, Any]) -> str:
                 cells.append("" if v is None else f"{v:.3f}")
             lines.append(f"| {mode}, {when} | " + " | ".join(cells) + " |")
     if "minutes" in summary:
-        lines.append(f"\n{summary.get('steps', 0)} RL steps, {summary['minutes']:.1f} minutes in total.")
+        lines.append(
+            f"\n{summary.get('steps', 0)} RL steps, {summary['minutes']:.1f} minutes in total."
+        )
     return "\n".join(lines)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,16 +52,27 @@ class Setup:
 def _tiny_model_dir(cfg: Config, cache_root: Path) -> Path:
     """A content key for the tiny model: the same world + shape + seed reuse one build."""
     key = json.dumps(
-        {"world": configutil.to_dict(cfg.task.world), "tiny": configutil.to_dict(cfg.model.tiny),
-         "seed": cfg.train.seed, "v": 1},
+        {
+            "world": configutil.to_dict(cfg.task.world),
+            "tiny": configutil.to_dict(cfg.model.tiny),
+            "seed": cfg.train.seed,
+            "v": 1,
+        },
         sort_keys=True,
     )
     return cache_root / f"tiny-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 
-def build_setup(cfg: Config, cache_root: str | Path = "runs/.cache") -> Setup:
-    """Build the world, the env factory, the tokenizer and policy, and the generator."""
+def build_setup(cfg: Config, cache_root: str | Path | None = None) -> Setup:
+    """Build the world, the env factory, the tokenizer and policy, and the generator.
+
+    The tiny model is built once per (world, shape, seed) under ``cache_root`` (default
+    ``$AGENTR1_CACHE/tiny``) and reused by later runs.
+    """
+    from agentr1.models import cache_dir, load_model, load_tokenizer
     from agentr1.tiny import build_and_save
+
+    cache_root = Path(cache_root) if cache_root is not None else cache_dir() / "tiny"
 
     torch.manual_seed(cfg.train.seed)
     if cfg.train.threads > 0:
@@ -67,21 +80,26 @@ def build_setup(cfg: Config, cache_root: str | Path = "runs/.cache") -> Setup:
     world = World.build(cfg.task.world)
     tasks = {s: world.tasks(s) for s in ("train", "test", "test_ood")}
     make_env = WorldEnvFactory(
-        world, top_k=cfg.task.top_k, system_prompt=cfg.task.system_prompt,
+        world,
+        top_k=cfg.task.top_k,
+        system_prompt=cfg.task.system_prompt,
         outcome_reward=OUTCOME_REWARDS[cfg.task.outcome_reward],
         process_reward=cfg.task.process.build(),
     )
     if cfg.model.path == "tiny":
-        model_dir = _tiny_model_dir(cfg, Path(cache_root))
+        model_dir = _tiny_model_dir(cfg, cache_root)
         if not (model_dir / "config.json").exists():
             log.info("building tiny model and tokenizer in %s", model_dir)
-            build_and_save(model_dir, tokenizer_corpus(world), cfg.model.tiny, cfg.train.seed)
+            tmp = model_dir.with_name(f"{model_dir.name}.tmp-{os.getpid()}")
+            build_and_save(tmp, tokenizer_corpus(world), cfg.model.tiny, cfg.train.seed)
+            try:  # publish atomically; a concurrent builder may have won the race
+                os.replace(tmp, model_dir)
+            except OSError:
+                shutil.rmtree(tmp, ignore_errors=True)
         path = str(model_dir)
     else:
         path = cfg.model.path  # a local directory, a hub id, or a known alias
         model_dir = Path(path)
-    from agentr1.models import load_model, load_tokenizer
-
     tokenizer = load_tokenizer(path)
     dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
     policy = load_model(path, dtype=dtype)

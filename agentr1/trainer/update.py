@@ -51,21 +51,33 @@ class UpdateBatch:
             return None if x is None else x[idx]
 
         return UpdateBatch(
-            self.input_ids_BT[idx], self.attention_mask_BT[idx], self.loss_mask_BT[idx],
-            self.advantages_BT[idx], pick(self.old_logprobs_BT), pick(self.ref_logprobs_BT),
-            pick(self.returns_BT), pick(self.old_values_BT),
+            self.input_ids_BT[idx],
+            self.attention_mask_BT[idx],
+            self.loss_mask_BT[idx],
+            self.advantages_BT[idx],
+            pick(self.old_logprobs_BT),
+            pick(self.ref_logprobs_BT),
+            pick(self.returns_BT),
+            pick(self.old_values_BT),
         )
 
 
 def _trim(b: UpdateBatch) -> UpdateBatch:
     """Drop trailing all-padding columns of a micro-batch (saves compute on short rows)."""
     T = int(b.attention_mask_BT.sum(-1).max().item())
+
     def cut(x: torch.Tensor | None) -> torch.Tensor | None:
         return None if x is None else x[:, :T]
+
     return UpdateBatch(
-        b.input_ids_BT[:, :T], b.attention_mask_BT[:, :T], b.loss_mask_BT[:, :T],
-        b.advantages_BT[:, :T], cut(b.old_logprobs_BT), cut(b.ref_logprobs_BT),
-        cut(b.returns_BT), cut(b.old_values_BT),
+        b.input_ids_BT[:, :T],
+        b.attention_mask_BT[:, :T],
+        b.loss_mask_BT[:, :T],
+        b.advantages_BT[:, :T],
+        cut(b.old_logprobs_BT),
+        cut(b.ref_logprobs_BT),
+        cut(b.returns_BT),
+        cut(b.old_values_BT),
     )
 
 
@@ -116,36 +128,61 @@ def rl_update(
                 loss = torch.zeros(())
                 if train_policy:
                     lp_BT, ent_BT = token_logprobs(
-                        policy, mc.input_ids_BT, mc.attention_mask_BT, mc.loss_mask_BT,
-                        temperature=temperature, with_entropy=True,
+                        policy,
+                        mc.input_ids_BT,
+                        mc.attention_mask_BT,
+                        mc.loss_mask_BT,
+                        temperature=temperature,
+                        with_entropy=True,
                     )
-                    old_BT = mc.old_logprobs_BT if mc.old_logprobs_BT is not None else lp_BT.detach()
+                    old_BT = (
+                        mc.old_logprobs_BT if mc.old_logprobs_BT is not None else lp_BT.detach()
+                    )
                     pl, pm = policy_loss_ppo(
-                        lp_BT, old_BT, mc.advantages_BT, mc.loss_mask_BT,
-                        clip_low=algo.clip_low, clip_high=algo.clip_high,
-                        dual_clip_c=algo.dual_clip, agg_mode=algo.agg_mode,
+                        lp_BT,
+                        old_BT,
+                        mc.advantages_BT,
+                        mc.loss_mask_BT,
+                        clip_low=algo.clip_low,
+                        clip_high=algo.clip_high,
+                        dual_clip_c=algo.dual_clip,
+                        agg_mode=algo.agg_mode,
                     )
                     loss = loss + pl
                     ent = masked_aggregate(ent_BT, mc.loss_mask_BT, algo.agg_mode)
                     if algo.entropy_coef > 0:
                         loss = loss - algo.entropy_coef * ent
-                    if algo.kl_coef > 0 and algo.kl_mode == "k3_loss" and mc.ref_logprobs_BT is not None:
-                        kl = kl_loss(lp_BT, mc.ref_logprobs_BT, mc.loss_mask_BT, "k3", algo.agg_mode)
+                    if (
+                        algo.kl_coef > 0
+                        and algo.kl_mode == "k3_loss"
+                        and mc.ref_logprobs_BT is not None
+                    ):
+                        kl = kl_loss(
+                            lp_BT, mc.ref_logprobs_BT, mc.loss_mask_BT, "k3", algo.agg_mode
+                        )
                         loss = loss + algo.kl_coef * kl
-                        add("kl", float(kl))
-                    add("policy_loss", float(pl))
-                    add("entropy", float(ent))
+                        add("kl", kl.item())
+                    add("policy_loss", pl.item())
+                    add("entropy", ent.item())
                     for k, v in pm.items():
                         add(k, float(v))
-                if critic is not None and mc.returns_BT is not None and mc.old_values_BT is not None:
+                if (
+                    critic is not None
+                    and mc.returns_BT is not None
+                    and mc.old_values_BT is not None
+                ):
                     v_BT = critic(mc.input_ids_BT, mc.attention_mask_BT)
                     vl, vm = value_loss(
-                        v_BT, mc.old_values_BT, mc.returns_BT, mc.loss_mask_BT,
-                        clip_range=algo.value_clip, agg_mode=algo.agg_mode,
+                        v_BT,
+                        mc.old_values_BT,
+                        mc.returns_BT,
+                        mc.loss_mask_BT,
+                        clip_range=algo.value_clip,
+                        agg_mode=algo.agg_mode,
                     )
                     loss = loss + vl
                     add("vf_clipfrac", float(vm["vf_clipfrac"]))
-                    add("value_loss", float(vl))
+                    add("value_loss", vl.item())
                 if not torch.isfinite(loss):
                     bad = True
                     break

@@ -1,0 +1,80 @@
+"""Config loading: recipes, overrides, and validation messages that name the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agentr1.config import Config, load_config
+from agentr1.configutil import ConfigError, to_dict
+
+RECIPES = Path(__file__).resolve().parent.parent / "recipes"
+
+
+def test_demo_recipe_equals_embedded_defaults() -> None:
+    cfg = load_config(RECIPES / "demo.yaml")
+    assert to_dict(cfg) == to_dict(Config())
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_recipe_loads_and_validates(recipe: Path) -> None:
+    load_config(recipe)
+
+
+def test_overrides_are_typed_and_nested() -> None:
+    cfg = load_config(
+        None,
+        [
+            "algo.estimator=rloo",
+            "train.steps=7",
+            "algo.dual_clip=null",
+            "task.process.enabled=true",
+            "eval.splits=[test]",
+        ],
+    )
+    assert cfg.algo.estimator == "rloo" and cfg.train.steps == 7 and cfg.algo.dual_clip is None
+    assert cfg.task.process.enabled is True and cfg.eval.splits == ("test",)
+    assert load_config(None, ["optim.lr=1"]).optim.lr == 1.0  # ints widen to floats
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["algo.estimatr=ppo"], "algo.estimatr: unknown field; valid fields of AlgoConfig:"),
+        (["train.steps=ten"], "train.steps: expected an integer, got 'ten'"),
+        (["algo.agg_mode=mean"], "algo.agg_mode: 'mean' is not one of"),
+        (["algo.estimator=ppo"], "algo.estimator='ppo' is unknown; valid: dr_grpo, gae, grpo"),
+        (["rollout.n_samples=1"], "group baselines need >= 2 samples per task"),
+        (["optim.lr=5"], "optim.lr=5.0: must be in (0, 1]"),
+        (["rollout.max_context=4096"], "would overflow the position table"),
+        (["rollout.max_turns=0"], "rollout.max_turns must be >= 1"),
+        (["task.world.hops=[1, 4]"], "hops and ood_hops overlap"),
+        (["train"], "expected the form section.field=value"),
+    ],
+)
+def test_bad_values_name_the_field_and_the_reason(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_config(None, overrides)
+    assert message in str(e.value)
+
+
+def test_recipe_errors_name_the_file(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("algo:\n  clip_low: [1]\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml: algo.clip_low: expected a number"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="no such recipe file"):
+        load_config(tmp_path / "missing.yaml")
+    (tmp_path / "list.yaml").write_text("- 1\n")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(tmp_path / "list.yaml")
+
+
+def test_partial_section_keeps_the_fields_own_defaults() -> None:
+    cfg = load_config(None, ["rollout.max_turns=3"])
+    assert cfg.rollout.max_turns == 3
+    assert (
+        cfg.rollout.max_context == Config().rollout.max_context == 512
+    )  # not RolloutConfig's 4096
+    assert cfg.rollout.n_samples == 8

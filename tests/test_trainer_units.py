@@ -1,0 +1,189 @@
+"""Trainer building blocks: chunked log-probs, critic alignment, the update step
+(micro-batching, NaN skip), SFT, and atomic checkpoints."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from agentr1.algorithms import masked_aggregate
+from agentr1.config import AlgoConfig, OptimConfig
+from agentr1.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from agentr1.trainer.critic import ValueModel
+from agentr1.trainer.logprobs import token_logprobs
+from agentr1.trainer.update import UpdateBatch, rl_update
+from agentr1.types import Trajectory
+
+from .tiny_models import tiny_llama
+
+
+def batch(B: int = 4, T: int = 12, V: int = 64, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(4, V, (B, T), generator=g)
+    attn = torch.ones(B, T, dtype=torch.long)
+    attn[1, 9:] = 0  # right padding
+    attn[3, 5:] = 0
+    mask = torch.zeros(B, T)
+    mask[:, 3:6] = 1  # an agent turn
+    mask[:, 8:10] = 1  # a second turn after a "tool response" at 6..7
+    mask = mask * attn
+    return ids, attn, mask
+
+
+def reference_logprobs(model, ids, attn, temperature=1.0):
+    logits = model(input_ids=ids, attention_mask=attn).logits.float() / temperature
+    lp = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    out = torch.zeros(ids.shape)
+    out[:, 1:] = lp
+    return out
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 1024])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_chunked_logprobs_match_full_logits(chunk: int, temperature: float) -> None:
+    model = tiny_llama()
+    ids, attn, mask = batch()
+    ref = reference_logprobs(model, ids, attn, temperature) * mask
+    lp, ent = token_logprobs(
+        model, ids, attn, mask, temperature=temperature, chunk=chunk, with_entropy=True
+    )
+    torch.testing.assert_close(lp, ref, atol=1e-5, rtol=1e-5)
+    assert (lp[mask == 0] == 0).all() and (ent[mask == 0] == 0).all()
+    assert (ent[mask == 1] > 0).all()
+
+
+def test_chunked_logprob_gradients_match() -> None:
+    model = tiny_llama()
+    ids, attn, mask = batch()
+    lp, _ = token_logprobs(model, ids, attn, mask, chunk=3)
+    masked_aggregate(lp, mask).backward()
+    g1 = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    masked_aggregate(reference_logprobs(model, ids, attn), mask).backward()
+    for a, b in zip(g1, (p.grad for p in model.parameters()), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_critic_values_align_with_previous_hidden_state() -> None:
+    model = tiny_llama()
+    critic = ValueModel.from_policy(model)
+    torch.nn.init.normal_(critic.v_head.weight)
+    ids, attn, _ = batch()
+    v = critic(ids, attn)
+    h = critic.backbone(input_ids=ids, attention_mask=attn).last_hidden_state
+    assert v[0, 0] == 0
+    torch.testing.assert_close(v[:, 5], critic.v_head(h[:, 4]).squeeze(-1))
+    # the critic is a copy: training it leaves the policy alone
+    assert critic.backbone is not model.model
+
+
+def make_update_batch(model, seed=0):
+    ids, attn, mask = batch(seed=seed)
+    with torch.no_grad():
+        old, _ = token_logprobs(model, ids, attn, mask)
+    adv = torch.randn(ids.shape, generator=torch.Generator().manual_seed(seed)) * mask
+    return UpdateBatch(ids, attn, mask, adv, old)
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
+def test_micro_batching_gives_the_same_update(mode: str) -> None:
+    results = []
+    for micro in (4, 1, 3):
+        model = tiny_llama()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        ub = make_update_batch(model)
+        rl_update(
+            model,
+            opt,
+            None,
+            ub,
+            AlgoConfig(agg_mode=mode),
+            OptimConfig(micro_batch_size=micro, grad_clip=1e9),
+            1.0,
+            torch.Generator().manual_seed(0),
+        )
+        results.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    torch.testing.assert_close(results[0], results[1], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(results[0], results[2], atol=1e-6, rtol=1e-5)
+    assert not torch.equal(
+        results[0], torch.cat([p.detach().flatten() for p in tiny_llama().parameters()])
+    )
+
+
+def test_non_finite_update_is_skipped_and_weights_unchanged() -> None:
+    model = tiny_llama()
+    before = [p.detach().clone() for p in model.parameters()]
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    ub = make_update_batch(model)
+    ub.advantages_BT[0, 4] = math.nan  # a poisoned advantage on an agent token
+    m = rl_update(
+        model, opt, None, ub, AlgoConfig(), OptimConfig(), 1.0, torch.Generator().manual_seed(0)
+    )
+    assert m["skipped_updates"] == 1.0
+    for a, b in zip(before, model.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_values_at_mask_zero_do_not_change_the_update() -> None:
+    outs = []
+    for poison in (False, True):
+        model = tiny_llama()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        ub = make_update_batch(model)
+        if poison:
+            ub.advantages_BT[:, 6:8] = 1e6  # tool-response tokens
+            ub.old_logprobs_BT[:, 0:3] = -1e6  # prompt tokens
+        rl_update(
+            model, opt, None, ub, AlgoConfig(), OptimConfig(), 1.0, torch.Generator().manual_seed(0)
+        )
+        outs.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    torch.testing.assert_close(outs[0], outs[1])
+
+
+def test_checkpoint_roundtrip_is_atomic_and_complete(tmp_path) -> None:
+    model = tiny_llama(seed=1)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    model(input_ids=torch.tensor([[5, 6, 7]])).logits.sum().backward()
+    opt.step()
+    path = save_checkpoint(
+        tmp_path,
+        3,
+        {"policy": model},
+        {"optimizer": opt.state_dict(), "cursor": {"pos": 7}},
+        {"note": "x"},
+    )
+    # a half-written checkpoint (no meta.json) is ignored
+    (tmp_path / "step_000009").mkdir()
+    assert latest_checkpoint(tmp_path) == path
+    other = tiny_llama(seed=2)
+    states, meta = load_checkpoint(path, {"policy": other})
+    assert meta == {"note": "x", "step": 3} and states["cursor"] == {"pos": 7}
+    for a, b in zip(model.state_dict().values(), other.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    opt2 = torch.optim.AdamW(other.parameters(), lr=0.01)
+    opt2.load_state_dict(states["optimizer"])
+    assert torch.equal(
+        opt2.state_dict()["state"][0]["exp_avg"], opt.state_dict()["state"][0]["exp_avg"]
+    )
+
+
+def test_checkpoint_keeps_newest(tmp_path) -> None:
+    model = tiny_llama()
+    for step in (1, 2, 3):
+        save_checkpoint(tmp_path, step, {"policy": model}, {}, {}, keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000002", "step_000003"]
+
+
+def test_sft_lowers_nll_on_masked_tokens() -> None:
+    from agentr1.trainer.sft import sft_train
+
+    model = tiny_llama()
+    t = Trajectory(task_id="x")
+    t.append_prompt([5, 6, 7])
+    t.append_sampled([8, 9, 10], [0.0] * 3, "")
+    t.append_inserted([11, 12])
+    t.append_sampled([13, 14], [0.0] * 2, "")
+    losses = sft_train(model, [t], steps=30, batch_size=1, lr=1e-2, pad_id=0, seed=0)
+    assert losses[-1] < 0.2 * losses[0]
