@@ -12,7 +12,7 @@ venv: $(STAMP)
 
 # torch==2.13.0 first: a CPU build that lies on this machine's disk. Anything installed
 # before it that depends on torch would pull a multi-GB CUDA build from the registry.
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0

@@ -22,13 +22,13 @@ from agentr1.rollout.loop import RolloutConfig
 class TinyModelConfig:
     """Shape of the tiny Llama the demo builds from scratch (model.path = "tiny")."""
 
-    hidden_size: int = 96
+    hidden_size: int = 128
     """Width of the residual stream."""
     layers: int = 2
     """Transformer blocks."""
     heads: int = 4
     """Attention heads (hidden_size must divide by it)."""
-    intermediate_size: int = 256
+    intermediate_size: int = 384
     """MLP width."""
     vocab_size: int = 2048
     """Target size of the byte-level BPE trained on the task's text."""
@@ -85,6 +85,10 @@ class SFTConfig:
     """AdamW learning rate (constant after a 5% warmup)."""
     demos: int = 1500
     """Demonstration episodes generated from training tasks."""
+    demo_worlds: int = 4
+    """Demonstrations come from this many other worlds (same word pools, other seeds, so
+    other facts); 0 = from the task's own training questions. Facts a tiny model cannot
+    memorize force it to learn to read its search results, which is what transfers."""
     early_answer_prob: float = 0.6
     """Fraction of multi-hop demonstrations that answer after the first search (so the
     warm-started policy is imperfect and RL has something to fix)."""
@@ -247,6 +251,8 @@ class Config:
             errors.append(
                 f"model.tiny.hidden_size={tm.hidden_size} must divide by heads={tm.heads}"
             )
+        if self.sft.demo_worlds < 0:
+            errors.append("sft.demo_worlds must be >= 0 (0 = the task's own questions)")
         if not 0 <= self.sft.early_answer_prob <= 1:
             errors.append("sft.early_answer_prob is a probability: it must be in [0, 1]")
         if self.task.top_k < 1:

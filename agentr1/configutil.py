@@ -8,6 +8,7 @@ valid keys. `to_dict` goes back (for ``config.yaml`` in the run directory).
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any, TypeVar
 import yaml
 
 T = TypeVar("T")
+_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)")
 
 
 class ConfigError(ValueError):
@@ -66,6 +68,8 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     if tp is Any:
         return value
     if tp is float:
+        if isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
+            return float(value)  # "1e-3" in a YAML file: YAML 1.1 leaves it a string
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{where}: expected a number, got {value!r}")
         return float(value)
@@ -143,6 +147,8 @@ def apply_override(data: dict[str, Any], override: str) -> None:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as e:
         raise ConfigError(f"override {override!r}: value is not valid YAML: {e}") from None
+    if isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
+        value = float(value)  # YAML 1.1 reads "1e-3" as a string; users mean a number
     node = data
     for p in parts[:-1]:
         node = node.setdefault(p, {})

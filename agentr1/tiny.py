@@ -20,11 +20,20 @@ SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Any:
     """Train a byte-level BPE with ChatML special tokens; returns a PreTrainedTokenizerFast."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # Whitespace is its own pre-token, so a word is the same token sequence after a space,
+    # a quote or a tag ("Velmora" in a passage, in a search query and in an answer): a
+    # tiny model then copies names by copying token ids, not by learning a mapping
+    # between "ĠVelmora" and "Velmora".
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(r"\w+|[^\w\s]+|\s+"), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

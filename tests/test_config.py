@@ -78,3 +78,13 @@ def test_partial_section_keeps_the_fields_own_defaults() -> None:
         cfg.rollout.max_context == Config().rollout.max_context == 512
     )  # not RolloutConfig's 4096
     assert cfg.rollout.n_samples == 8
+
+
+def test_scientific_notation_is_a_number() -> None:
+    assert load_config(None, ["sft.lr=1e-3"]).sft.lr == 0.001
+    assert load_config(None, ["optim.lr=5E-4"]).optim.lr == 0.0005
+
+
+def test_scientific_notation_in_a_recipe(tmp_path: Path) -> None:
+    (tmp_path / "r.yaml").write_text("optim:\n  lr: 1e-4\n")
+    assert load_config(tmp_path / "r.yaml").optim.lr == 0.0001

@@ -240,3 +240,18 @@ def test_logprobs_match_full_recomputation_cuda(model: LlamaForCausalLM) -> None
     for prompt, comp in zip(PROMPTS, completions, strict=True):
         expected = reference_logprobs(model, prompt, comp, params)  # CPU reference
         assert comp.logprobs == pytest.approx(expected, abs=1e-3)
+
+
+def test_sampler_draws_match_the_distribution() -> None:
+    """Inverse-CDF sampling: frequencies match p, zero-probability tokens never drawn."""
+    from agentr1.backends.hf import sample_next
+
+    probs = torch.tensor([0.5, 0.0, 0.3, 0.2, 0.0])
+    logits_BV = probs.clamp_min(1e-30).log().expand(20_000, -1).clone()
+    logits_BV[:, [1, 4]] = float("-inf")
+    rng = torch.Generator().manual_seed(0)
+    tokens_B, lp_B = sample_next(logits_BV, SamplingParams(temperature=1.0), rng)
+    freq = torch.bincount(tokens_B, minlength=5).float() / 20_000
+    assert freq[1] == 0 and freq[4] == 0
+    torch.testing.assert_close(freq, probs, atol=0.015, rtol=0)  # ~4 sigma at n = 20k
+    torch.testing.assert_close(lp_B, probs[tokens_B].log())

@@ -354,17 +354,17 @@ def warm_start(setup: Setup, run: RunDir) -> dict[str, float]:
     """SFT on scripted demonstrations run through the real rollout (same masks as RL)."""
     cfg = setup.cfg
     sft = cfg.sft
-    gen = setup.demo_generator(sft.early_answer_prob, cfg.train.seed)
-    demo_tasks = TaskSampler(setup.tasks["train"], cfg.train.seed + 1).sample(
-        min(sft.demos, len(setup.tasks["train"]))
-    )
     rcfg = dataclasses.replace(cfg.rollout, n_samples=1, temperature=1.0)
     t0 = time.perf_counter()
-    demos = [
-        t
-        for g in run_rollout(demo_tasks, setup.make_env, gen, setup.chat, rcfg)
-        for t in g.trajectories
-    ]
+    sources = setup.demo_sources(sft.early_answer_prob, cfg.train.seed)
+    demos: list[Trajectory] = []
+    demo_tasks: list[Task] = []
+    for k, (tasks, make_env, gen) in enumerate(sources):
+        n = min(len(tasks), sft.demos // len(sources) + (k < sft.demos % len(sources)))
+        picked = TaskSampler(tasks, cfg.train.seed + 1).sample(n)
+        for g in run_rollout(picked, make_env, gen, setup.chat, rcfg):
+            demos.extend(g.trajectories)
+        demo_tasks.extend(picked)
     demo_em = sum(t.metrics["em"] for t in demos) / len(demos)
     multi = [
         t for t, task in zip(demos, demo_tasks, strict=True) if task.metadata.get("hops", 1) > 1

@@ -3,6 +3,7 @@ chat format and generator. The only place (with the CLI) that knows every layer.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -37,6 +38,7 @@ class Setup:
     world: World
     tasks: dict[str, list[Task]]
     make_env: WorldEnvFactory
+    demo_worlds: list[World]
     tokenizer: Any
     chat: ChatFormat
     policy: Any
@@ -44,9 +46,17 @@ class Setup:
     pad_id: int
     model_dir: Path
 
-    def demo_generator(self, early_answer_prob: float, seed: int) -> Any:
-        """The world's scripted oracle (optionally imperfect) as a Generator."""
-        return oracle_generator(self.world, self.chat, early_answer_prob, seed)
+    def demo_sources(
+        self, early_answer_prob: float, seed: int
+    ) -> list[tuple[list[Task], WorldEnvFactory, Any]]:
+        """(training tasks, env factory, scripted oracle generator) per demonstration world."""
+        out = []
+        for w in self.demo_worlds or [self.world]:
+            env = self.make_env if w is self.world else dataclasses.replace(self.make_env, world=w)
+            out.append(
+                (w.tasks("train"), env, oracle_generator(w, self.chat, early_answer_prob, seed))
+            )
+        return out
 
 
 def _tiny_model_dir(cfg: Config, cache_root: Path) -> Path:
@@ -78,6 +88,10 @@ def build_setup(cfg: Config, cache_root: str | Path | None = None) -> Setup:
     if cfg.train.threads > 0:
         torch.set_num_threads(cfg.train.threads)
     world = World.build(cfg.task.world)
+    demo_worlds = [
+        World.build(dataclasses.replace(cfg.task.world, seed=cfg.task.world.seed + 7919 * (k + 1)))
+        for k in range(cfg.sft.demo_worlds if cfg.sft.enabled else 0)
+    ]
     tasks = {s: world.tasks(s) for s in ("train", "test", "test_ood")}
     make_env = WorldEnvFactory(
         world,
@@ -91,7 +105,8 @@ def build_setup(cfg: Config, cache_root: str | Path | None = None) -> Setup:
         if not (model_dir / "config.json").exists():
             log.info("building tiny model and tokenizer in %s", model_dir)
             tmp = model_dir.with_name(f"{model_dir.name}.tmp-{os.getpid()}")
-            build_and_save(tmp, tokenizer_corpus(world), cfg.model.tiny, cfg.train.seed)
+            texts = [t for w in [world, *demo_worlds] for t in tokenizer_corpus(w)]
+            build_and_save(tmp, texts, cfg.model.tiny, cfg.train.seed)
             try:  # publish atomically; a concurrent builder may have won the race
                 os.replace(tmp, model_dir)
             except OSError:
@@ -107,4 +122,16 @@ def build_setup(cfg: Config, cache_root: str | Path | None = None) -> Setup:
     chat = ChatFormat.from_hf(tokenizer, chat_template=template)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else chat.end_of_turn_id
     generator = HFGenerator(policy, tokenizer)
-    return Setup(cfg, world, tasks, make_env, tokenizer, chat, policy, generator, pad_id, model_dir)
+    return Setup(
+        cfg,
+        world,
+        tasks,
+        make_env,
+        demo_worlds,
+        tokenizer,
+        chat,
+        policy,
+        generator,
+        pad_id,
+        model_dir,
+    )

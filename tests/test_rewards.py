@@ -1,0 +1,67 @@
+"""Process rewards and their placement; outcome rewards equal the eval metrics."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentr1.rewards import OUTCOME_REWARDS, ProcessRewardConfig
+from agentr1.rewards.process import evidence_potential, new_evidence, new_evidence_shaping
+from agentr1.rollout.collate import place_rewards
+from agentr1.types import StepContext, Task, ToolCall, ToolResult, Trajectory
+
+TASK = Task("q", "?", ["Paris"], {"supporting": ["p1", "p2"]})
+
+
+def step(
+    turn: int, queries: list[str], found: list[list[str]], previous=(), errors=()
+) -> StepContext:
+    calls = [ToolCall("search", {"query": q}) for q in queries]
+    results = [ToolResult("x", metadata={"passage_ids": ids}) for ids in found]
+    return StepContext(TASK, turn, "", calls, results, list(errors), None, list(previous))
+
+
+def test_potential_shaping_telescopes_to_final_potential() -> None:
+    s0 = step(0, ["a"], [["p1", "zz"]])
+    s1 = step(1, ["b"], [["p1"]], [s0])  # nothing new
+    s2 = step(2, ["c"], [["p2"]], [s0, s1])
+    shaping = [new_evidence_shaping(s) for s in (s0, s1, s2)]
+    assert shaping == [0.5, 0.0, 0.5]
+    # gamma = 1: the sum is Φ(final) - Φ(start) = 1 - 0, whatever the order of discovery
+    assert sum(shaping) == evidence_potential(s2) == 1.0
+    assert [new_evidence(s) for s in (s0, s1, s2)] == [2.0, 0.0, 1.0]
+
+
+def test_config_combines_terms_and_disabled_is_none() -> None:
+    assert ProcessRewardConfig(enabled=False).build() is None
+    r = ProcessRewardConfig(
+        enabled=True, valid_call=0.05, invalid_call=0.1, repeated_query=0.1, evidence=0.2
+    ).build()
+    assert r is not None
+    s0 = step(0, ["a"], [["p1"]])
+    # valid call 0.05 + evidence 0.2 * (0.5 - 0)
+    assert r(s0) == pytest.approx(0.15)
+    s1 = step(1, ["A "], [["p1"]], [s0], errors=["malformed_json"])
+    # no valid bonus (a parse error), -0.1 per error, -0.1 repeated query, no new evidence
+    assert r(s1) == pytest.approx(-0.2)
+
+
+def test_rewards_sit_on_each_turns_last_token() -> None:
+    t = Trajectory(task_id="x")
+    t.append_prompt([1, 2])
+    t.append_sampled([3, 4], [0.0, 0.0], "")
+    t.turns[-1].reward = 0.25
+    t.append_inserted([5])
+    t.append_sampled([6, 7, 8], [0.0] * 3, "")
+    t.turns[-1].reward = -0.5
+    t.outcome_reward = 1.0
+    assert place_rewards(t) == [0, 0, 0, 0.25, 0, 0, 0, 0.5]
+
+
+@pytest.mark.parametrize("name", ["em", "f1", "cover_em"])
+def test_outcome_reward_equals_metric(name: str) -> None:
+    from agentr1.envs.base import ToolEnv
+
+    env = ToolEnv(tools=[], outcome_reward=OUTCOME_REWARDS[name])
+    env.reset(Task("q", "?", ["New York City"]))
+    reward, metrics = env.finish("new york")
+    assert reward == metrics[name]
