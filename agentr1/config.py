@@ -32,6 +32,9 @@ class TinyModelConfig:
     """MLP width."""
     vocab_size: int = 2048
     """Target size of the byte-level BPE trained on the task's text."""
+    pretokenizer: Literal["words", "bytelevel"] = "words"
+    """"words": whitespace is its own token, so a name is the same tokens after a space,
+    a quote or a tag; "bytelevel": GPT-2 style, a word carries its leading space."""
     max_positions: int = 512
     """Longest episode (prompt + turns + tool responses) the model can see."""
 
@@ -82,7 +85,7 @@ class SFTConfig:
     batch_size: int = 16
     """Demonstration episodes per step."""
     lr: float = 3e-3
-    """AdamW learning rate (constant after a 5% warmup)."""
+    """Peak AdamW learning rate (5% linear warmup, then cosine decay to 10%)."""
     demos: int = 1500
     """Demonstration episodes generated from training tasks."""
     demo_worlds: int = 4

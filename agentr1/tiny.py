@@ -18,8 +18,11 @@ from agentr1.templates import QWEN25_TOOLS
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Any:
-    """Train a byte-level BPE with ChatML special tokens; returns a PreTrainedTokenizerFast."""
+def train_tokenizer(texts: Iterable[str], vocab_size: int, pretokenizer: str = "words") -> Any:
+    """Train a byte-level BPE with ChatML special tokens; returns a PreTrainedTokenizerFast.
+
+    ``pretokenizer`` is "words" (whitespace isolated, see below) or "bytelevel" (GPT-2).
+    """
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -28,12 +31,17 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Any:
     # a quote or a tag ("Velmora" in a passage, in a search query and in an answer): a
     # tiny model then copies names by copying token ids, not by learning a mapping
     # between "ĠVelmora" and "Velmora".
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(r"\w+|[^\w\s]+|\s+"), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
+    if pretokenizer == "bytelevel":
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    elif pretokenizer == "words":
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(r"\w+|[^\w\s]+|\s+"), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+    else:
+        raise ValueError(f"pretokenizer must be 'words' or 'bytelevel', got {pretokenizer!r}")
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -91,7 +99,7 @@ def build_and_save(out_dir: str | Path, texts: Iterable[str], tiny: Any, seed: i
     """Train the tokenizer, build the model (``tiny``: a TinyModelConfig), save both."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tok = train_tokenizer(texts, tiny.vocab_size)
+    tok = train_tokenizer(texts, tiny.vocab_size, tiny.pretokenizer)
     model = build_tiny_llama(
         vocab_size=len(tok),
         hidden_size=tiny.hidden_size,

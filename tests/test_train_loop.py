@@ -99,3 +99,26 @@ def test_kill_and_resume_matches_uninterrupted_run(tmp_path: Path) -> None:
     s_full = json.loads((tmp_path / "full" / "summary.json").read_text())
     s_part = json.loads((tmp_path / "part" / "summary.json").read_text())
     assert s_full["eval_after"] == s_part["eval_after"]
+
+
+def test_mask_ablations_train_tool_tokens(tmp_path: Path) -> None:
+    """With the loss mask off, tool-response tokens get advantages and are trained."""
+    from agentr1.rollout.collate import collate
+    from agentr1.trainer.loop import _masks
+    from agentr1.types import Trajectory
+
+    t = Trajectory(task_id="x")
+    t.append_prompt([1, 2])
+    t.append_sampled([3, 4], [0.0, 0.0], "")
+    t.append_inserted([5, 6])
+    t.append_sampled([7], [0.0], "")
+    b = collate([t], [0], pad_id=0)
+    on = load_config(None, [])
+    train_m, adv_m = _masks(b, on)
+    assert train_m.tolist() == adv_m.tolist() == [[0, 0, 1, 1, 0, 0, 1]]
+    off = load_config(None, ["algo.loss_mask=false"])
+    train_m, adv_m = _masks(b, off)
+    assert train_m.tolist() == adv_m.tolist() == [[0, 1, 1, 1, 1, 1, 1]]
+    adv_only = load_config(None, ["algo.advantage_mask=false"])
+    train_m, adv_m = _masks(b, adv_only)
+    assert train_m.tolist() == [[0, 0, 1, 1, 0, 0, 1]] and adv_m.tolist() == [[0, 1, 1, 1, 1, 1, 1]]

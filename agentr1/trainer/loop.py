@@ -130,11 +130,17 @@ def sample_rollouts(s: TrainState, timer: Timer) -> tuple[list[Any], RolloutStat
 
 
 def _masks(batch: Any, cfg: Config) -> tuple[torch.Tensor, torch.Tensor]:
-    """(train mask, advantage mask) [B, T]; the ablations swap in "every real token"."""
+    """(train mask, advantage mask) [B, T]; the ablations swap in "every real token".
+
+    With the loss mask off, every real token is trained, so it needs an advantage too:
+    the advantage mask then covers every real token as well (otherwise the ablation
+    would train prompt and tool tokens with advantage 0, i.e. not at all).
+    """
     real_BT = batch.attention_mask_BT.float().clone()
     real_BT[:, 0] = 0.0  # the first token has no log-prob
     train_BT = batch.loss_mask_BT if cfg.algo.loss_mask else real_BT
-    adv_BT = batch.loss_mask_BT if cfg.algo.advantage_mask else real_BT
+    both_on = cfg.algo.advantage_mask and cfg.algo.loss_mask
+    adv_BT = batch.loss_mask_BT if both_on else real_BT
     return train_BT, adv_BT
 
 

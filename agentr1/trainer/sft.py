@@ -59,7 +59,8 @@ def sft_train(
 ) -> list[float]:
     """Train ``model`` in place for ``steps`` AdamW steps; returns the loss per step.
 
-    The learning rate warms up linearly over the first 5% of steps, then stays constant.
+    The learning rate warms up linearly over the first 5% of steps, then decays on a
+    cosine to 10% of ``lr``.
     Non-finite losses skip the step (logged), as in RL.
     """
     if not demos:
@@ -67,7 +68,14 @@ def sft_train(
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     warm = max(1, steps // 20)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm))
+
+    def lr_factor(s: int) -> float:  # linear warmup, then cosine decay to 10% of lr
+        if s < warm:
+            return (s + 1) / warm
+        progress = (s - warm) / max(1, steps - warm)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor)
     batches: list[list[int]] = []
     losses = []
     model.train()
