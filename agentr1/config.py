@@ -118,8 +118,10 @@ class AlgoConfig:
     """Dual-clip constant for negative advantages (None = off)."""
     agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
     """How per-token losses become one scalar."""
-    kl_coef: float = 0.0
-    """Weight of the KL to the reference policy (0 = no reference model)."""
+    kl_coef: float = 0.05
+    """Weight of the KL to the reference (the warm-started policy; 0 = no reference model).
+    With sparse rewards it keeps the policy from drifting off the answer format (without
+    it the demo's policy collapsed to `no_tool_call` after ~60 steps, benchmarks/RESULTS.md)."""
     kl_mode: Literal["k1_reward", "k3_loss"] = "k3_loss"
     """k1 folded into token rewards, or k3 as a loss term."""
     entropy_coef: float = 0.0
@@ -142,7 +144,7 @@ class AlgoConfig:
 class OptimConfig:
     """Policy optimization."""
 
-    lr: float = 1e-3
+    lr: float = 3e-4
     """AdamW learning rate of the policy."""
     weight_decay: float = 0.0
     """AdamW weight decay."""

@@ -64,6 +64,12 @@ def _clip(s: str, n: int = 200) -> str:
     return s if len(s) <= n else s[:n] + "..."
 
 
+def _unclosed(open_tag: str, close_tag: str, rest: str) -> ParseError:
+    return ParseError(
+        "unclosed_tag", _clip(rest), f"Error: {open_tag} was not closed with {close_tag}."
+    )
+
+
 @dataclass
 class HermesParser:
     """`<tool_call>{json}</tool_call>` calls and an `<answer>...</answer>` final answer.
@@ -98,13 +104,7 @@ class HermesParser:
             body_start = start + len(self.call_open)
             end = text.find(self.call_close, body_start)
             if end < 0:
-                out.errors.append(
-                    ParseError(
-                        "unclosed_tag",
-                        _clip(text[start:]),
-                        f"Error: {self.call_open} was not closed with {self.call_close}.",
-                    )
-                )
+                out.errors.append(_unclosed(self.call_open, self.call_close, text[start:]))
                 break
             body = text[body_start:end]
             pos = end + len(self.call_close)
@@ -171,12 +171,6 @@ class HermesParser:
             return None
         end = text.find(self.answer_close, start)
         if end < 0:
-            out.errors.append(
-                ParseError(
-                    "unclosed_tag",
-                    _clip(text[start:]),
-                    f"Error: {self.answer_open} was not closed with {self.answer_close}.",
-                )
-            )
+            out.errors.append(_unclosed(self.answer_open, self.answer_close, text[start:]))
             return None
         return text[start + len(self.answer_open) : end].strip()

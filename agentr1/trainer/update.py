@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -46,39 +47,20 @@ class UpdateBatch:
     returns_BT: torch.Tensor | None = None
     old_values_BT: torch.Tensor | None = None
 
-    def rows(self, idx: torch.Tensor) -> UpdateBatch:
-        def pick(x: torch.Tensor | None) -> torch.Tensor | None:
-            return None if x is None else x[idx]
-
+    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> UpdateBatch:
+        """Apply ``fn`` to every tensor (None stays None)."""
         return UpdateBatch(
-            self.input_ids_BT[idx],
-            self.attention_mask_BT[idx],
-            self.loss_mask_BT[idx],
-            self.advantages_BT[idx],
-            pick(self.old_logprobs_BT),
-            pick(self.ref_logprobs_BT),
-            pick(self.returns_BT),
-            pick(self.old_values_BT),
+            *(None if x is None else fn(x) for x in (getattr(self, f.name) for f in fields(self)))
         )
+
+    def rows(self, idx: torch.Tensor) -> UpdateBatch:
+        return self.map(lambda x: x[idx])
 
 
 def _trim(b: UpdateBatch) -> UpdateBatch:
     """Drop trailing all-padding columns of a micro-batch (saves compute on short rows)."""
     T = int(b.attention_mask_BT.sum(-1).max().item())
-
-    def cut(x: torch.Tensor | None) -> torch.Tensor | None:
-        return None if x is None else x[:, :T]
-
-    return UpdateBatch(
-        b.input_ids_BT[:, :T],
-        b.attention_mask_BT[:, :T],
-        b.loss_mask_BT[:, :T],
-        b.advantages_BT[:, :T],
-        cut(b.old_logprobs_BT),
-        cut(b.ref_logprobs_BT),
-        cut(b.returns_BT),
-        cut(b.old_values_BT),
-    )
+    return b.map(lambda x: x[:, :T])
 
 
 def _finite_grads(params: list[torch.nn.Parameter]) -> bool:
