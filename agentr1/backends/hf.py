@@ -245,7 +245,8 @@ class HFGenerator:
         """Load model and tokenizer from a local directory or a hub id.
 
         Args:
-            path: directory written by ``save_pretrained``, or a hub id.
+            path: directory written by ``save_pretrained``, a hub id, or an alias known
+                to `agentr1.models.resolve` (e.g. "smollm2-135m-instruct").
             dtype: model dtype; "auto" keeps the checkpoint's.
             device: "cpu", "cuda", ...; default is CUDA when available, else CPU.
             batch_size: see the class docstring.
@@ -255,11 +256,16 @@ class HFGenerator:
         """
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from agentr1.models import resolve
+
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        gguf: dict[str, Any] = {"gguf_file": gguf_file} if gguf_file else {}
-        tokenizer = AutoTokenizer.from_pretrained(path, **gguf)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **gguf, **model_kwargs)
+        # Aliases such as "smollm2-135m-instruct" resolve to the prepared copy or the GGUF.
+        source, gguf = resolve(path)
+        if gguf_file:
+            gguf = {"gguf_file": gguf_file}
+        tokenizer = AutoTokenizer.from_pretrained(source, **gguf)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **gguf, **model_kwargs)
         # transformers' decorated ``to`` confuses type checkers; it is nn.Module.to.
         model = model.to(device)  # type: ignore[arg-type]
         return cls(model, tokenizer, batch_size=batch_size)
