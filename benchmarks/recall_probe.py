@@ -6,6 +6,7 @@ kind is what reading a search result needs; this isolates it from the world and 
 chat format.
 
     .venv/bin/python benchmarks/recall_probe.py --steps 1500
+    .venv/bin/python benchmarks/recall_probe.py --arch gpt2 --loss plain   # controls
 """
 
 from __future__ import annotations
@@ -43,17 +44,51 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument(
+        "--arch",
+        choices=["llama", "gpt2"],
+        default="llama",
+        help="gpt2 = learned absolute positions instead of RoPE",
+    )
+    ap.add_argument(
+        "--loss",
+        choices=["trainer", "plain"],
+        default="trainer",
+        help="plain = cross-entropy on full logits, bypassing token_logprobs",
+    )
     args = ap.parse_args()
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(0)
-    model = build_tiny_llama(200, args.hidden, args.layers, 4, 3 * args.hidden, 512, 0, 1, 0)
+    if args.arch == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        model = GPT2LMHeadModel(
+            GPT2Config(
+                vocab_size=200,
+                n_embd=args.hidden,
+                n_layer=args.layers,
+                n_head=4,
+                n_positions=64,
+                resid_pdrop=0.0,
+                embd_pdrop=0.0,
+                attn_pdrop=0.0,
+                bos_token_id=1,
+                eos_token_id=1,
+            )
+        )
+    else:
+        model = build_tiny_llama(200, args.hidden, args.layers, 4, 3 * args.hidden, 512, 0, 1, 0)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     t0 = time.perf_counter()
     for step in range(args.steps):
         model.train()
         ids, att, mask = batch(32, args.pairs, gen)
-        lp, _ = token_logprobs(model, ids, att, mask)
-        loss = -masked_aggregate(lp, mask)
+        if args.loss == "plain":
+            logits = model(input_ids=ids, attention_mask=att).logits[:, -2]
+            loss = torch.nn.functional.cross_entropy(logits, ids[:, -1])
+        else:
+            lp, _ = token_logprobs(model, ids, att, mask)
+            loss = -masked_aggregate(lp, mask)
         opt.zero_grad()
         loss.backward()
         opt.step()
