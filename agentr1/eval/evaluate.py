@@ -81,27 +81,3 @@ def evaluate(
         for g in run_rollout(tasks[s : s + batch_tasks], make_env, generator, chat, cfg):
             trajs.extend(g.trajectories)
     return summarize(trajs, {t.id: t for t in tasks})
-
-
-def format_table(rows: dict[str, dict[str, EvalResult]], metric: str = "em") -> str:
-    """Markdown table: one row per (label), one column per group, cells = ``metric``.
-
-    ``rows`` maps a row label (e.g. "test / greedy / before") to {split: EvalResult};
-    columns are split:group pairs found in the results.
-    """
-    cols: list[tuple[str, str]] = []
-    for per_split in rows.values():
-        for split, res in per_split.items():
-            for g in res.by_group:
-                if (split, g) not in cols:
-                    cols.append((split, g))
-    header = "| | " + " | ".join(f"{s} {g}" for s, g in cols) + " |"
-    lines = [header, "|" + "---|" * (len(cols) + 1)]
-    for label, per_split in rows.items():
-        cells = []
-        for split, g in cols:
-            res = per_split.get(split)
-            cell = res.by_group.get(g) if res else None
-            cells.append(f"{cell[metric]:.3f}" if cell else "")
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)

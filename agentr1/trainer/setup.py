@@ -59,14 +59,18 @@ class Setup:
         return out
 
 
-def _tiny_model_dir(cfg: Config, cache_root: Path) -> Path:
-    """A content key for the tiny model: the same world + shape + seed reuse one build."""
+def _tiny_model_dir(cfg: Config, cache_root: Path, n_demo_worlds: int) -> Path:
+    """A content key for the tiny model: the same worlds + shape + seed reuse one build.
+
+    The demonstration worlds count: their text is part of the tokenizer's training corpus.
+    """
     key = json.dumps(
         {
             "world": configutil.to_dict(cfg.task.world),
             "tiny": configutil.to_dict(cfg.model.tiny),
             "seed": cfg.train.seed,
-            "v": 1,
+            "demo_worlds": n_demo_worlds,
+            "v": 2,
         },
         sort_keys=True,
     )
@@ -101,7 +105,7 @@ def build_setup(cfg: Config, cache_root: str | Path | None = None) -> Setup:
         process_reward=cfg.task.process.build(),
     )
     if cfg.model.path == "tiny":
-        model_dir = _tiny_model_dir(cfg, cache_root)
+        model_dir = _tiny_model_dir(cfg, cache_root, len(demo_worlds))
         if not (model_dir / "config.json").exists():
             log.info("building tiny model and tokenizer in %s", model_dir)
             tmp = model_dir.with_name(f"{model_dir.name}.tmp-{os.getpid()}")
