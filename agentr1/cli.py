@@ -1,9 +1,10 @@
-"""Command line: ``agentr1 demo | train | eval | models``.
+"""Command line: ``agentr1 demo | train | eval | models | serve``.
 
     agentr1 demo [overrides...]                 the embedded default: world + tiny model
     agentr1 train RECIPE.yaml [overrides...]    e.g. algo.estimator=ppo train.steps=50
     agentr1 train RECIPE.yaml --resume          continue from the newest checkpoint
     agentr1 models prepare smollm2-135m-instruct
+    agentr1 serve retriever --corpus passages.jsonl --kind bm25|dense|hybrid [--port 8765]
 
 Overrides are ``section.field=value`` (YAML values); the config is validated before any
 work starts, and a bad value stops the run with a message naming the field.
@@ -31,6 +32,31 @@ def _train(recipe: str | None, overrides: list[str], resume: bool) -> int:
     return 0
 
 
+def _serve_retriever(args: argparse.Namespace) -> int:
+    """``agentr1 serve retriever``: build the retriever, then serve it until interrupted."""
+    from agentr1.retrieval.server import ServerLimits, build_retriever, load_corpus_jsonl, serve
+
+    # Hook: a named default corpus (``--data``, via agentr1.data) plugs in here as a second
+    # source of passages; for now the corpus is a JSONL file of {id, title, text}.
+    try:
+        ServerLimits(args.max_batch, args.max_query_chars, args.max_top_k)
+        passages = load_corpus_jsonl(args.corpus)
+    except (OSError, ValueError) as e:
+        print(f"agentr1: {e}", file=sys.stderr)
+        return 2
+    retriever = build_retriever(args.kind, passages, model=args.model)
+    print(f"serving {args.kind} over {len(passages)} passages on http://{args.host}:{args.port}")
+    serve(
+        retriever,
+        host=args.host,
+        port=args.port,
+        max_batch=args.max_batch,
+        max_query_chars=args.max_query_chars,
+        max_top_k=args.max_top_k,
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="agentr1", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -47,6 +73,16 @@ def main(argv: list[str] | None = None) -> int:
     p_models.add_argument("action", choices=["prepare"])
     p_models.add_argument("name", choices=["smollm2-135m-instruct"])
     p_models.add_argument("--out", default=None, help="output directory")
+    p_serve = sub.add_parser("serve", help="serve a retriever over HTTP (127.0.0.1 by default)")
+    p_serve.add_argument("what", choices=["retriever"])
+    p_serve.add_argument("--corpus", required=True, help="JSONL, one {id, title, text} a line")
+    p_serve.add_argument("--kind", choices=["bm25", "dense", "hybrid"], default="bm25")
+    p_serve.add_argument("--model", default=None, help="dense model dir or hub id")
+    p_serve.add_argument("--host", default="127.0.0.1", help="interface (no auth: keep loopback)")
+    p_serve.add_argument("--port", type=int, default=8765)
+    p_serve.add_argument("--max-batch", type=int, default=64, help="queries per request")
+    p_serve.add_argument("--max-query-chars", type=int, default=1000)
+    p_serve.add_argument("--max-top-k", type=int, default=50)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -73,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         out = prepare_smollm2(Path(args.out) if args.out else None)
         print(out)
         return 0
+    if args.cmd == "serve":
+        return _serve_retriever(args)
     return 1
 
 

@@ -1,0 +1,52 @@
+"""Multi-hop QA data: read the raw files into `QASample`s, dedupe, split, build a corpus.
+
+    from agentr1.data import corpus_paragraphs, dedupe, load_file, qa_files, split
+
+    samples = dedupe(s for path in qa_files() for s in load_file(path))  # formats.py
+    sets = split(samples, (0.8, 0.1, 0.1), seed=0)      # disjoint, order-free
+    tasks = [s.to_task() for s in sets["train"]]
+    passages = corpus_paragraphs(samples)               # ids match Task "supporting"
+
+Imports no torch.
+"""
+
+from agentr1.data.formats import (
+    CORPUS_FORMATS,
+    QA_FORMATS,
+    DataFormatError,
+    LoadResult,
+    Paragraph,
+    QASample,
+    default_data_dir,
+    detect_format,
+    infer_dataset,
+    load,
+    load_corpus_file,
+    load_dataset_name,
+    load_file,
+    paragraph_id,
+    qa_files,
+)
+from agentr1.data.splits import corpus_paragraphs, dedupe, normalize_question, split
+
+__all__ = [
+    "CORPUS_FORMATS",
+    "QA_FORMATS",
+    "DataFormatError",
+    "LoadResult",
+    "Paragraph",
+    "QASample",
+    "corpus_paragraphs",
+    "dedupe",
+    "default_data_dir",
+    "detect_format",
+    "infer_dataset",
+    "load",
+    "load_corpus_file",
+    "load_dataset_name",
+    "load_file",
+    "normalize_question",
+    "paragraph_id",
+    "qa_files",
+    "split",
+]
