@@ -3,6 +3,7 @@
     agentr1 demo [overrides...]                 the embedded default: world + tiny model
     agentr1 train RECIPE.yaml [overrides...]    e.g. algo.estimator=ppo train.steps=50
     agentr1 train RECIPE.yaml --resume          continue from the newest checkpoint
+    agentr1 eval --model smollm2-135m-instruct --dataset hotpotqa --max-tasks 8
     agentr1 models prepare smollm2-135m-instruct
     agentr1 serve retriever --corpus passages.jsonl --kind bm25|dense|hybrid [--port 8765]
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import Any
 
 from agentr1.configutil import ConfigError
 
@@ -30,6 +32,69 @@ def _train(recipe: str | None, overrides: list[str], resume: bool) -> int:
         return 2
     train(cfg, resume=resume)
     return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    """``agentr1 eval``: Naive RAG and / or tool calling on QA files; writes the report."""
+    import shlex
+
+    from agentr1.data import DataFormatError
+    from agentr1.eval.report import EvalJob, run_job
+
+    methods = ("naive_rag", "tool_call") if args.method == "both" else (args.method,)
+    job = EvalJob(
+        models=tuple(args.model),
+        methods=methods,
+        datasets=tuple(args.dataset or ("hotpotqa", "2wiki", "musique")),
+        data=tuple(args.data or ()),
+        format=args.format,
+        retriever=args.retriever,
+        corpus=args.corpus,
+        top_k=args.top_k,
+        max_tasks=args.max_tasks,
+        max_turns=args.max_turns,
+        max_tokens_per_turn=args.max_tokens_per_turn,
+        max_context=args.max_context,
+        chat_template=args.chat_template,
+        dtype=args.dtype,
+        seed=args.seed,
+        data_dir=args.data_dir or "",
+        out=args.out,
+    )
+    try:
+        job.validate()
+        _, js, md = run_job(job, "agentr1 " + shlex.join(sys.argv[1:]))
+    except (OSError, DataFormatError, ValueError) as e:
+        print(f"agentr1 eval: {e}", file=sys.stderr)
+        return 2
+    print(md.read_text(encoding="utf-8"))
+    print(f"wrote {js} and {md}")
+    return 0
+
+
+def _add_eval_parser(sub: Any) -> None:
+    """The ``eval`` subcommand's arguments (see `agentr1.eval.report.EvalJob`)."""
+    from agentr1.data import QA_FORMATS
+
+    p = sub.add_parser("eval", help="evaluate models on multi-hop QA (Naive RAG, tool calling)")
+    p.add_argument("--model", nargs="+", required=True, help="model dir, hub id or alias")
+    p.add_argument("--method", choices=["naive_rag", "tool_call", "both"], default="both")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--data", nargs="+", metavar="FILE", help="question files")
+    src.add_argument("--dataset", nargs="+", choices=["hotpotqa", "2wiki", "musique"])
+    p.add_argument("--format", choices=QA_FORMATS, default=None, help="format of --data files")
+    p.add_argument("--retriever", default="bm25", help="bm25 | dense | hybrid | http://URL")
+    p.add_argument("--corpus", choices=["eval", "contexts", "contexts+wiki"], default="contexts")
+    p.add_argument("--top-k", type=int, default=5)
+    p.add_argument("--max-tasks", type=int, default=0, help="questions per dataset (0 = all)")
+    p.add_argument("--max-turns", type=int, default=5)
+    p.add_argument("--max-tokens-per-turn", type=int, default=256)
+    p.add_argument("--max-context", type=int, default=4096)
+    p.add_argument("--chat-template", choices=["qwen2.5", "model"], default="qwen2.5")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data-dir", default=None, help="raw data root (default: shared/data/raw)")
+    p.add_argument("--out", default="runs/eval", help="writes results.json and results.md here")
 
 
 def _serve_retriever(args: argparse.Namespace) -> int:
@@ -73,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     p_models.add_argument("action", choices=["prepare"])
     p_models.add_argument("name", choices=["smollm2-135m-instruct"])
     p_models.add_argument("--out", default=None, help="output directory")
+    _add_eval_parser(sub)
     p_serve = sub.add_parser("serve", help="serve a retriever over HTTP (127.0.0.1 by default)")
     p_serve.add_argument("what", choices=["retriever"])
     p_serve.add_argument("--corpus", required=True, help="JSONL, one {id, title, text} a line")
@@ -109,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         out = prepare_smollm2(Path(args.out) if args.out else None)
         print(out)
         return 0
+    if args.cmd == "eval":
+        return _eval(args)
     if args.cmd == "serve":
         return _serve_retriever(args)
     return 1

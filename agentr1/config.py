@@ -32,10 +32,10 @@ class TinyModelConfig:
     """MLP width."""
     vocab_size: int = 2048
     """Target size of the byte-level BPE trained on the task's text."""
-    pretokenizer: Literal["words", "bytelevel"] = "words"
+    pretokenizer: Literal["words", "bytelevel"] = "bytelevel"
     """"words": whitespace is its own token, so a name is the same tokens after a space,
     a quote or a tag; "bytelevel": GPT-2 style, a word carries its leading space."""
-    max_positions: int = 512
+    max_positions: int = 1024
     """Longest episode (prompt + turns + tool responses) the model can see."""
 
 
@@ -56,18 +56,103 @@ class ModelConfig:
     for tiny models that learn the format from SFT)."""
 
 
+QA_TRAIN_FILES = (
+    "hotpotqa/hipporag_hotpotqa_train_100.json",
+    "hotpotqa/rpt_hotpotqa_devsplit_train_300.jsonl",
+    "hotpotqa/rpt_hotpotqa_devsplit_dev_300.jsonl",
+    "2wikimultihopqa/migres_2wiki_train_500_decomposed.json",
+)
+"""Default training questions: every HotpotQA and 2Wiki file with context paragraphs except
+the HotpotQA eval file (RPT's files come from HotpotQA dev: the questions they share with
+the eval set are dropped from training; the 2Wiki file is shared with its eval split)."""
+
+QA_EVAL_FILES = {
+    "hotpotqa": ["hotpotqa/ircot_hotpotqa_dev_subsampled_500.jsonl"],
+    "2wiki": ["2wikimultihopqa/migres_2wiki_train_500_decomposed.json"],
+    "musique": ["musique/migres_musique_dev_200.jsonl"],
+}
+"""Default eval splits: HotpotQA dev (IRCoT), a held-out part of 2Wiki (MIGRES; no 2Wiki dev
+file with context ships here) and MuSiQue dev (MIGRES, out of domain)."""
+
+
+@dataclass(frozen=True)
+class QAConfig:
+    """Real multi-hop QA data (task.kind = "qa"): questions, splits, corpus, retriever.
+
+    File entries are resolved in order as: an existing path; a path under ``data_dir``; a
+    dataset folder name under ``data_dir`` (every file of it with context paragraphs).
+    """
+
+    train: list[str] = field(default_factory=lambda: list(QA_TRAIN_FILES))
+    """Training question files or dataset names. Every question that is in an eval split
+    (same id or same normalized question) is removed from training."""
+    eval: dict[str, list[str]] = field(default_factory=dict)
+    """Eval split name -> question files or dataset names; empty = `QA_EVAL_FILES`. (Empty,
+    not a filled default: a recipe's mapping replaces the default splits instead of being
+    merged into them.) A file may also be a training file: its eval questions are held out
+    and the rest train."""
+    n_train: int = 0
+    """Training questions kept (a seeded sample; 0 = all)."""
+    n_eval: int = 100
+    """Questions per eval split (a seeded sample; 0 = all). Selected before training is
+    filtered, so a file shared with training gives n_eval questions to eval."""
+    corpus: Literal["contexts", "contexts+wiki"] = "contexts"
+    """"contexts" = every context paragraph of every loaded question file (train and eval,
+    all records, so the corpus does not change with n_train / n_eval); "contexts+wiki" adds
+    the Wikipedia files under ``data_dir/wikipedia`` as distractors."""
+    retriever: str = "bm25"
+    """"bm25", "dense" (all-MiniLM-L6-v2), "hybrid" (RRF of both) or the http:// URL of an
+    ``agentr1 serve retriever`` (which then holds the corpus)."""
+    split_seed: int = 0
+    """Seed of the eval and training samples (an id-hash order, independent of file order)."""
+    data_dir: str = ""
+    """Root of the raw data; "" = ``$AGENTR1_DATA`` or ``../shared/data/raw``."""
+
+    @property
+    def eval_files(self) -> dict[str, list[str]]:
+        """The eval splits in effect: ``eval``, or `QA_EVAL_FILES` when it is empty."""
+        return self.eval or {k: list(v) for k, v in QA_EVAL_FILES.items()}
+
+    def validate(self) -> None:
+        """Raise ValueError listing every bad value."""
+        errors = []
+        if not self.train:
+            errors.append("train: at least one training file is needed")
+        for name, files in self.eval_files.items():
+            if (
+                not isinstance(files, list)
+                or not files
+                or not all(isinstance(f, str) for f in files)
+            ):
+                errors.append(f"eval.{name}: expected a non-empty list of files, got {files!r}")
+        if self.n_train < 0 or self.n_eval < 0:
+            errors.append("n_train and n_eval must be >= 0 (0 = all)")
+        kinds = ("bm25", "dense", "hybrid")
+        if self.retriever not in kinds and not self.retriever.startswith(("http://", "https://")):
+            errors.append(
+                f"retriever={self.retriever!r}: use one of {', '.join(kinds)} or an http:// URL"
+            )
+        if errors:
+            raise ValueError("; ".join(errors))
+
+
 @dataclass(frozen=True)
 class TaskConfig:
     """What the agent is trained on."""
 
-    kind: Literal["world"] = "world"
-    """"world" = the embedded fictional multi-hop world."""
-    world: WorldConfig = field(default_factory=WorldConfig)
-    """World generator settings (kind = "world")."""
+    kind: Literal["world", "qa"] = "world"
+    """"world" = the embedded fictional multi-hop world; "qa" = real multi-hop QA (`qa`)."""
+    world: WorldConfig = field(default_factory=lambda: WorldConfig(ood_types=("comparison",)))
+    """World generator settings (kind = "world"). The demo holds comparison questions out
+    of training ("Who was born first, A or B?" needs comparing numbers, a skill the other
+    types never use) and tests them, with the 4-hop questions, as test_ood."""
+    qa: QAConfig = field(default_factory=QAConfig)
+    """Data, splits, corpus and retriever (kind = "qa")."""
     top_k: int = 1
     """Passages the search tool returns per call."""
     system_prompt: str | None = None
-    """System message; None = none (a tiny model learns the format from SFT)."""
+    """System message; None = none for "world" (a tiny model learns the format from SFT),
+    `agentr1.envs.qa_env.QA_SYSTEM_PROMPT` for "qa"."""
     outcome_reward: Literal["em", "f1", "cover_em", "em_format"] = "em"
     """Outcome reward; "em" equals the evaluation metric."""
     process: ProcessRewardConfig = field(default_factory=ProcessRewardConfig)
@@ -95,6 +180,15 @@ class SFTConfig:
     early_answer_prob: float = 0.6
     """Fraction of multi-hop demonstrations that answer after the first search (so the
     warm-started policy is imperfect and RL has something to fix)."""
+    context_loss_weight: float = 1.0
+    """Weight of a language-modelling loss on the demonstrations' context tokens (the
+    question and the search results), added to the loss on the agent's own tokens. A tiny
+    model trained from scratch learns to copy names from text this way (names recur in
+    every passage); 0 = train on the agent's tokens only. RL never trains context tokens."""
+    notes: bool = False
+    """Demonstrations restate each fact they read ("X has father Y.") before their next
+    call or answer: a scratchpad the agent can copy from. With one-fact passages (the
+    world's default) they are not needed and cost tokens (benchmarks/RESULTS.md)."""
 
 
 @dataclass(frozen=True)
@@ -209,7 +303,7 @@ class Config:
             n_samples=8,
             max_turns=5,
             max_tokens_per_turn=48,
-            max_context=512,
+            max_context=768,
         )
     )
     sft: SFTConfig = field(default_factory=SFTConfig)
@@ -260,14 +354,42 @@ class Config:
             errors.append("sft.demo_worlds must be >= 0 (0 = the task's own questions)")
         if not 0 <= self.sft.early_answer_prob <= 1:
             errors.append("sft.early_answer_prob is a probability: it must be in [0, 1]")
+        if self.sft.context_loss_weight < 0:
+            errors.append(
+                "sft.context_loss_weight must be >= 0: a negative weight would train the model "
+                "to *unlearn* the text it reads"
+            )
         if self.task.top_k < 1:
             errors.append("task.top_k must be >= 1: a search that returns nothing teaches nothing")
         try:
             self.task.world.validate()
         except ValueError as e:
             errors.append(f"task.world: {e}")
+        if self.task.kind == "qa":
+            errors.extend(self._qa_errors())
         if errors:
             raise configutil.ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+
+    def _qa_errors(self) -> list[str]:
+        """Checks that only apply to task.kind = "qa"."""
+        errors = []
+        try:
+            self.task.qa.validate()
+        except ValueError as e:
+            errors.append(f"task.qa: {e}")
+        if self.model.path == "tiny":
+            errors.append(
+                'model.path="tiny" with task.kind="qa": the tiny model\'s tokenizer is built '
+                "for the world's text; give a model directory, hub id or smollm2-135m-instruct"
+            )
+        splits = self.task.qa.eval_files
+        unknown = [s for s in self.eval.splits if s not in splits]
+        if unknown:
+            errors.append(
+                f"eval.splits {unknown} are not task.qa.eval splits "
+                f"({', '.join(splits)}): nothing would be evaluated on them"
+            )
+        return errors
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:

@@ -105,7 +105,10 @@ def load_model(
 
     source, kwargs = resolve(name_or_path)
     model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
-    return model.to(device).eval()
+    # nn.Module.to directly: transformers' typed wrapper of `to` confuses mypy.
+    model = torch.nn.Module.to(model, device)
+    model.eval()  # type: ignore[no-untyped-call]
+    return model
 
 
 def prepare_smollm2(out_dir: Path | None = None) -> Path:
@@ -136,7 +139,7 @@ def prepare_smollm2(out_dir: Path | None = None) -> Path:
     config = copy.deepcopy(gguf_model.config)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # type: ignore[no-untyped-call]
     model.load_state_dict(gguf_model.state_dict(), strict=True)
     model.tie_weights()
     model.generation_config = gguf_model.generation_config

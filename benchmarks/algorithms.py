@@ -1,8 +1,9 @@
 """Every advantage estimator with the same seed and budget, plus the seed paper's ablations.
 
-Trains the demo recipe once per variant (same world, same tiny model, same SFT warm start
-seed, same number of RL steps) and records a table like the Agent-R1 paper's: EM per
-split and hop count after RL (greedy), steps, minutes. Ablations:
+Runs the demo recipe's SFT warm start once, then RL from that same warm-started model once
+per variant (same world, same seed, same number of RL steps), and records a table like
+the Agent-R1 paper's: EM per split and hop count after RL (greedy), steps, minutes (RL and
+evaluation; the shared warm start is timed separately). Ablations:
 
   - process rewards on vs off: steps until the training EM (moving average over 5 steps)
     first reaches ``--target-em``;
@@ -49,9 +50,31 @@ def steps_to(em: list[float], target: float, window: int = 5) -> int | None:
     return None
 
 
-def run_variant(name: str, overrides: list[str], steps: int, root: Path) -> dict[str, Any]:
+def warm_start_model(root: Path, extra: list[str]) -> Path:
+    """The demo's SFT warm start, trained once and reused by every variant."""
+    run_dir = root / "warm_start"
+    model = run_dir / "final_model"
+    if not (model / "config.json").exists():
+        cfg = load_config(None, [*extra, "train.steps=0", f"train.run_dir={run_dir}"])
+        train(cfg)
+    return model
+
+
+def run_variant(
+    name: str, overrides: list[str], steps: int, root: Path, warm: Path, extra: list[str]
+) -> dict[str, Any]:
     run_dir = root / name
-    cfg = load_config(None, [*overrides, f"train.steps={steps}", f"train.run_dir={run_dir}"])
+    cfg = load_config(
+        None,
+        [
+            *extra,
+            *overrides,
+            f"model.path={warm}",
+            "sft.enabled=false",
+            f"train.steps={steps}",
+            f"train.run_dir={run_dir}",
+        ],
+    )
     t0 = time.perf_counter()
     summary = train(cfg)
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -98,12 +121,16 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=120)
     ap.add_argument("--target-em", type=float, default=0.6)
     ap.add_argument("--out", default="runs/bench_algorithms")
+    ap.add_argument("overrides", nargs="*", help="section.field=value for every run")
     args = ap.parse_args()
     root = Path(args.out)
     root.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    warm = warm_start_model(root, args.overrides)
+    print(f"warm start: {warm} ({(time.perf_counter() - t0) / 60:.1f} min)", flush=True)
     results = []
     for name in args.variants:
-        results.append(run_variant(name, VARIANTS[name], args.steps, root))
+        results.append(run_variant(name, VARIANTS[name], args.steps, root, warm, args.overrides))
         (root / "results.json").write_text(json.dumps(results, indent=1, default=float))
         print(table(results, args.target_em), flush=True)
 

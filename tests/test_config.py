@@ -75,7 +75,7 @@ def test_partial_section_keeps_the_fields_own_defaults() -> None:
     cfg = load_config(None, ["rollout.max_turns=3"])
     assert cfg.rollout.max_turns == 3
     assert (
-        cfg.rollout.max_context == Config().rollout.max_context == 512
+        cfg.rollout.max_context == Config().rollout.max_context == 768
     )  # not RolloutConfig's 4096
     assert cfg.rollout.n_samples == 8
 

@@ -36,7 +36,7 @@ def world() -> World:
 
 @pytest.fixture(scope="module")
 def retriever(world: World) -> BM25Retriever:
-    return BM25Retriever(world.passages)
+    return BM25Retriever(world.passages, index_text=world.index_text)
 
 
 def observation(passages: list[Passage]) -> str:
@@ -85,7 +85,8 @@ def test_build_is_fast_and_sized(world: World) -> None:
     start = time.perf_counter()
     World.build()
     assert time.perf_counter() - start < 2.0  # ~0.1 s; slack for slow CI machines
-    assert 300 <= len(world.passages) <= 600
+    assert 300 <= len(world.entities) <= 600
+    assert 1000 <= len(world.passages) <= 2000  # one per fact
     cfg = world.config
     assert [len(world.tasks(s)) for s in SPLITS] == [cfg.n_train, cfg.n_test, cfg.n_test_ood]
 
@@ -108,7 +109,11 @@ def test_names_unique_and_not_nested(world: World) -> None:
         assert sum(a in b for b in names) == 1, f"{a!r} is inside another name"
     ids = [p.id for p in world.passages]
     assert len(set(ids)) == len(ids) and all(i.startswith("w:") for i in ids)
-    assert all(1 <= p.text.count(". ") + 1 <= 4 for p in world.passages)
+    assert all(p.text.count(".") == 1 and " has " in p.text for p in world.passages)
+    entity = World.build(WorldConfig(passage_unit="entity"))
+    assert len(entity.passages) == len(entity.entities)
+    # One sentence per fact: 1 (a country) to 5 (a person with parents) sentences.
+    assert all(1 <= p.text.count(". ") + 1 <= 5 for p in entity.passages)
 
 
 def test_every_answer_follows_from_the_facts(world: World) -> None:
@@ -194,11 +199,40 @@ def test_oracle_solves_every_test_question(world: World, retriever: BM25Retrieve
         assert len(queries) == hops
 
 
+def test_oracle_notes_restate_a_passage_sentence_verbatim(
+    world: World, retriever: BM25Retriever
+) -> None:
+    """Each turn after a search starts with the fact read, word for word as the passage
+    states it: what makes reading learnable by copying (the note's prefix, up to the
+    value, occurs in the observation right before the value)."""
+    oracle = OraclePolicy(world)
+    for task in world.tasks("test")[:60]:
+        observations: list[str] = []
+        for _ in range(task.metadata["hops"] + 1):
+            turn = oracle.next_turn(task, observations)
+            if observations:
+                note, _, rest = turn.partition("\n")
+                assert " has " in note and note.endswith("."), turn
+                assert note in observations[-1], (note, observations[-1])
+                assert rest.startswith(("<tool_call>", "<answer>")), turn
+            else:
+                assert turn.startswith("<tool_call>"), turn
+            if ANSWER.search(turn):
+                break
+            query = json.loads(CALL.search(turn).group(1))["arguments"]["query"]
+            observations.append(observation(retriever.search(query, 3)))
+    task = next(t for t in world.tasks("test") if t.metadata["type"] == "bridge")
+    first = world.gold_searches[task.id][0]
+    obs = [observation(retriever.search(first, 3))]
+    assert OraclePolicy(world, notes=False).next_turn(task, obs).startswith("<tool_call>")
+    assert " has " in OraclePolicy(world).next_turn(task, obs).partition("\n")[0]
+
+
 def test_oracle_reads_instead_of_knowing(world: World) -> None:
     """Without the passage in the observation it cannot answer."""
     task = next(t for t in world.tasks("test") if t.metadata["hops"] == 1)
     turn = OraclePolicy(world).next_turn(task, ["No results found."])
-    assert turn == "<answer>unknown</answer>"
+    assert turn == "<answer> unknown</answer>"
 
 
 def test_early_answers(world: World, retriever: BM25Retriever) -> None:

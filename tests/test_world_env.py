@@ -56,3 +56,24 @@ def test_tokenizer_corpus_covers_calls_and_answers(world: World) -> None:
     assert any(t.startswith('<tool_call>{"name": "search"') for t in texts)
     assert any(t.startswith("<answer>") for t in texts)
     assert len(texts) > len(world.passages)
+
+
+def test_world_formats_copy_names_token_for_token(world: World) -> None:
+    """With the demo's byte-level BPE, every name the agent writes (in a query or an
+    answer) is the same token sequence as where it reads it (question or search result):
+    copying is then copying ids, not a learned pairing of " Velmora" with "Velmora"."""
+    from agentr1.envs.world import answer_turn, search_call, search_query
+    from agentr1.tiny import train_tokenizer
+
+    tok = train_tokenizer(tokenizer_corpus(world), 2048, "bytelevel")
+
+    def contains(text: str, part: str) -> bool:
+        ids = tok.encode(text, add_special_tokens=False)
+        sub = tok.encode(" " + part, add_special_tokens=False)
+        return any(ids[i : i + len(sub)] == sub for i in range(len(ids)))
+
+    for p in world.passages[:200]:
+        name, value = p.title, p.text.rsplit(" ", 1)[-1].rstrip(".")
+        key = p.id.rsplit(":", 1)[-1]
+        assert contains(p.text, value) and contains(answer_turn(value), value), p
+        assert contains(search_call(search_query(name, key)), name), p

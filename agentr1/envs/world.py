@@ -4,10 +4,12 @@
 second, a few hundred fictional entities (people over five generations, cities, countries,
 companies, films, universities) with relations (born in, studied at, father, mother,
 located in, capital, founded by, headquartered in, directed by) and numeric attributes
-(birth year, population, founding and release years). Each entity becomes one `Passage`
-(id ``w:<slug>``, title = its name, 1-3 sentences written with the fixed templates in
-`SENTENCES`). Questions of 1-4 hops in the HotpotQA / 2Wiki / MuSiQue styles are sampled
-from it, evenly by hop count:
+(birth year, population, founding and release years). Each fact becomes one `Passage`
+(id ``w:<slug>:<key>``, title = the entity's name, text = the fact's sentence from
+`SENTENCES`, e.g. "Bryn Carrow has father Idris Carrow."), which the search engine finds by
+subject and relation ("father of Bryn Carrow"); ``passage_unit="entity"`` gives one passage
+per entity instead. Questions of 1-4 hops in the HotpotQA / 2Wiki / MuSiQue styles are
+sampled from it, evenly by hop count:
 
     single         1 hop   "Where was Bryn Carrow born?"
     bridge         2 hops  "The director of The Silent Harbor was born in which city?"
@@ -26,9 +28,9 @@ with a word-level vocabulary can copy every word it must write: `vocabulary_cove
 checks that each word a test question needs (its searches and its answer) occurs in the
 training split, and generation only keeps test questions for which that holds.
 
-`OraclePolicy` is a scripted agent for tests and SFT demonstrations: it searches entity
-names, reads each fact from the retrieved passage text with the world's own sentence
-templates (never from the ground truth) and answers with what it read.
+`OraclePolicy` is a scripted agent for tests and SFT demonstrations: it searches each
+entity and relation, reads each fact from the retrieved passage text with the world's own
+sentence templates (never from the ground truth) and answers with what it read.
 """
 
 from __future__ import annotations
@@ -107,22 +109,33 @@ _UNI_STEM = (
 _UNI_KIND = ("University", "College", "Institute")
 
 # ------------------------------------------------------------------- facts and sentences
-# One fixed sentence template per group of facts. Passages are written with them and the
-# oracle reads facts back with regexes built from the very same strings.
+# One sentence per fact, "<name> has <noun> <value>.", with the nouns the compositional
+# questions use ("the birthplace of the director of X"). Passages are written with them;
+# the oracle reads facts back with regexes built from the very same strings, and restates
+# what it read in this form (its notes). Reading then becomes copying: the value follows
+# its relation noun directly, and within one passage the noun's last word is unique, so
+# a model that writes "Bryn Carrow has mother" finds the value after "mother" in the
+# passage (one token of match, the easiest lookup a small transformer learns).
 SENTENCES: dict[str, tuple[str, ...]] = {
     "person": (
-        "{name} was born in {born_in} in {birth_year}.",
-        "{name} studied at {studied_at}.",
-        "{name} is the child of {father} and {mother}.",
+        "{name} has birthplace {born_in}.",
+        "{name} has birth year {birth_year}.",
+        "{name} has alma mater {studied_at}.",
+        "{name} has father {father}.",
+        "{name} has mother {mother}.",
     ),
-    "city": ("{name} is a city in {country} with a population of {population}.",),
-    "country": ("{name} is a country whose capital is {capital}.",),
+    "city": ("{name} has country {country}.", "{name} has population {population}."),
+    "country": ("{name} has capital {capital}.",),
     "company": (
-        "{name} is a company founded by {founder} in {founded}.",
-        "{name} is headquartered in {hq}.",
+        "{name} has founder {founder}.",
+        "{name} has founding year {founded}.",
+        "{name} has headquarters city {hq}.",
     ),
-    "film": ("{name} is a film released in {released} and directed by {director}.",),
-    "university": ("{name} is a university in {located_in}, founded in {established}.",),
+    "film": ("{name} has director {director}.", "{name} has release year {released}."),
+    "university": (
+        "{name} has home city {located_in}.",
+        "{name} has founding year {established}.",
+    ),
 }
 _KIND_ORDER = ("country", "city", "university", "person", "company", "film")
 
@@ -310,6 +323,12 @@ class WorldConfig:
     """Question types held out of train/test; test_ood gets them at every hop count."""
     max_draws: int = 5000
     """Attempts to draw one new question before giving up (the world is too small)."""
+    passage_unit: Literal["fact", "entity"] = "fact"
+    """"fact": one passage per fact ("Bryn Carrow has father Idris Carrow."), found by
+    searching the relation and the entity ("father of Bryn Carrow"); "entity": one passage
+    per entity with all its facts, found by searching the name. With facts, reading a
+    result is copying its one value; with entities the agent must also pick the right
+    sentence, which a tiny model learns far more slowly (benchmarks/RESULTS.md)."""
 
     def validate(self) -> None:
         """Raise ValueError, with the reason, for a config that cannot make a sound world."""
@@ -345,6 +364,8 @@ class WorldConfig:
         for name, limit in limits.items():
             if not 2 <= getattr(self, name) <= limit:
                 raise ValueError(f"{name} must be in [2, {limit}] (unique names from the pools)")
+        if self.passage_unit not in ("fact", "entity"):
+            raise ValueError(f"passage_unit must be 'fact' or 'entity', got {self.passage_unit!r}")
         for name in ("n_train", "n_test", "n_test_ood"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
@@ -460,6 +481,15 @@ def slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 
+def passage_id(name: str, key: str | None = None) -> str:
+    """Id of an entity's passage, or of one of its facts.
+
+    >>> passage_id("Bryn Carrow"), passage_id("Bryn Carrow", "father")
+    ('w:bryn-carrow', 'w:bryn-carrow:father')
+    """
+    return f"w:{slug(name)}" + (f":{key}" if key else "")
+
+
 def _fmt(key: str, value: str | int) -> str:
     return f"{value:,}" if key == "population" else str(value)
 
@@ -479,7 +509,7 @@ def fact_pattern(key: str, name: str) -> re.Pattern[str]:
     the wanted slot is the group ``v``, other slots match lazily.
 
     >>> fact_pattern("born_in", "Bryn Carrow").search(
-    ...     "Bryn Carrow was born in Velmora in 1873."
+    ...     "Bryn Carrow has birthplace Velmora. Bryn Carrow has birth year 1873."
     ... ).group("v")
     'Velmora'
     """
@@ -496,6 +526,38 @@ def fact_pattern(key: str, name: str) -> re.Pattern[str]:
     return re.compile("".join(out))
 
 
+def fact_noun(key: str) -> str:
+    """The relation words of fact ``key``, as its sentence and fact searches write them.
+
+    >>> fact_noun("birth_year")
+    'birth year'
+    """
+    m = re.fullmatch(r"\{name\} has (.+) \{" + key + r"\}\.", _sentence_of(key))
+    if m is None:
+        raise KeyError(f"the sentence of {key!r} is not '<name> has <noun> <value>.'")
+    return m.group(1)
+
+
+def search_query(name: str, key: str, unit: str = "fact") -> str:
+    """What the oracle searches to read fact ``key`` of ``name``: "<relation> of <name>"
+    when passages are facts, else the name. (The relation first: then the name's words
+    follow a space, the same tokens as in the question, for a byte-level BPE.)
+
+    >>> search_query("Bryn Carrow", "father")
+    'father of Bryn Carrow'
+    """
+    return f"{fact_noun(key)} of {name}" if unit == "fact" else name
+
+
+def fact_sentence(key: str, name: str, value: str) -> str:
+    """The sentence stating fact ``key`` of ``name``: what passages say and notes restate.
+
+    >>> fact_sentence("father", "Bryn Carrow", "Idris Carrow")
+    'Bryn Carrow has father Idris Carrow.'
+    """
+    return _sentence_of(key).format(**{"name": name, key: value})
+
+
 # ------------------------------------------------------------------------------- world
 class World:
     """A generated world: entities, passages, tasks by split, and one plan per task.
@@ -503,9 +565,10 @@ class World:
     Build it with `World.build`. Attributes:
         config: the config it was built from.
         entities: every entity, in passage order.
-        passages: one passage per entity (``id = "w:" + slug(name)``).
+        passages: one passage per fact (`passage_id`: ``"w:<slug>:<key>"``) or, with
+            ``passage_unit="entity"``, per entity (``"w:<slug>"``).
         plans: task id -> the oracle's `Plan`.
-        gold_searches: task id -> the entity names an oracle searches (ground truth; for
+        gold_searches: task id -> the queries an oracle searches (ground truth; for
             checks such as `vocabulary_coverage`, never for the oracle itself).
         dropped_uncovered: test/test_ood candidates dropped because a word they need is
             not in the training split.
@@ -517,6 +580,7 @@ class World:
         self.passages: list[Passage] = []
         self.plans: dict[str, Plan] = {}
         self.gold_searches: dict[str, list[str]] = {}
+        self.index_texts: dict[str, str] = {}
         self.dropped_uncovered = 0
         self._by_name: dict[str, Entity] = {}
         self._by_kind: dict[str, list[Entity]] = {k: [] for k in _KIND_ORDER}
@@ -644,14 +708,25 @@ class World:
     def _make_passages(self) -> None:
         for e in self.entities:
             slots = {"name": e.name} | {k: _fmt(k, v) for k, v in e.facts.items()}
-            sentences = []
+            facts: list[tuple[str, str]] = []  # (fact key, sentence)
             for template in SENTENCES[e.kind]:
                 needed = re.findall(r"\{(\w+)\}", template)
                 if all(k in slots for k in needed):
-                    sentences.append(template.format(**slots))
-            self.passages.append(
-                Passage(id=f"w:{slug(e.name)}", title=e.name, text=" ".join(sentences))
-            )
+                    facts.append((needed[-1], template.format(**slots)))
+            if self.config.passage_unit == "entity":
+                text = " ".join(sentence for _, sentence in facts)
+                self.passages.append(Passage(passage_id(e.name), e.name, text))
+                continue
+            for key, sentence in facts:
+                p = Passage(passage_id(e.name, key), e.name, sentence)
+                self.passages.append(p)
+                self.index_texts[p.id] = f"{e.name} {fact_noun(key)}"
+
+    def index_text(self, passage: Passage) -> str:
+        """What the world's search engine indexes for a passage: for a fact, its subject
+        and relation (not its value, so "father of Bryn Carrow" finds Bryn's father, not a
+        fact whose value is Bryn); for an entity passage, its title and text."""
+        return self.index_texts.get(passage.id, f"{passage.title} {passage.text}")
 
     # ------------------------------------------------------------------------ questions
     def _follow(self, start: Entity, path: Sequence[str]) -> list[Entity] | None:
@@ -850,13 +925,23 @@ class World:
                         "type": d.type,
                         "dataset": "world",
                         "split": split,
-                        "supporting": [f"w:{slug(s)}" for s in d.searches],
+                        "supporting": self._supporting(d),
                     },
                 )
                 self._tasks[split].append(task)
                 self._task_by_id[task.id] = task
                 self.plans[task.id] = d.plan
-                self.gold_searches[task.id] = list(d.searches)
+                unit = cfg.passage_unit
+                self.gold_searches[task.id] = [
+                    search_query(name, step.read, unit)
+                    for name, step in zip(d.searches, d.plan.steps, strict=True)
+                ]
+
+    def _supporting(self, d: _Draft) -> list[str]:
+        """Passage ids of the evidence: one per step (the fact it reads, or its entity)."""
+        if self.config.passage_unit == "entity":
+            return [passage_id(name) for name in d.searches]
+        return [passage_id(n, st.read) for n, st in zip(d.searches, d.plan.steps, strict=True)]
 
 
 @functools.cache
@@ -925,10 +1010,15 @@ def search_call(query: str) -> str:
 def answer_turn(answer: str) -> str:
     """The assistant text of a final answer.
 
+    The space after the tag (the parser strips it) keeps every word of the answer the same
+    token as in the search result it was read from: with a byte-level BPE, "Velmora" after
+    ">" and " Velmora" after a word are different tokens, and a tiny model would have to
+    learn that pairing for every name instead of simply copying.
+
     >>> answer_turn("Velmora")
-    '<answer>Velmora</answer>'
+    '<answer> Velmora</answer>'
     """
-    return f"<answer>{answer}</answer>"
+    return f"<answer> {answer}</answer>"
 
 
 _RESULT_HEADER = re.compile(r"^\[(\d+)\] (.*)$", re.MULTILINE)
@@ -965,16 +1055,25 @@ class OraclePolicy:
             read (a plausible, always wrong guess): imperfect demonstrations for SFT.
         rng: source of those draws (default ``random.Random(0)``). Episodes of one task
             must not interleave, since the draw is kept per task id until its next start.
+        notes: start each turn after a search with a note restating the fact just read
+            (`fact_sentence`, e.g. "X has father Y."), then the call or answer. The note
+            is the reasoning a small model can imitate: its words up to the value occur
+            verbatim in the passage, so reading becomes copying what follows them.
     """
 
     def __init__(
-        self, world: World, early_answer_prob: float = 0.0, rng: random.Random | None = None
+        self,
+        world: World,
+        early_answer_prob: float = 0.0,
+        rng: random.Random | None = None,
+        notes: bool = True,
     ) -> None:
         if not 0.0 <= early_answer_prob <= 1.0:
             raise ValueError(f"early_answer_prob must be in [0, 1], got {early_answer_prob}")
         self.world = world
         self.early_answer_prob = early_answer_prob
         self.rng = rng or random.Random(0)
+        self.notes = notes
         self._early: dict[str, bool] = {}
 
     def next_turn(self, task: Task, observations: list[str]) -> str:
@@ -990,23 +1089,42 @@ class OraclePolicy:
         for step, obs in zip(plan.steps, observations, strict=False):
             name = self._resolve(step.query, values)
             values.append(None if name is None else self._read(name, step.read, obs))
+        note = self._note(plan, values, n) if self.notes else ""
         multi_hop = len(plan.steps) > 1
         if n == 1 and multi_hop and self._early.get(task.id, False):
-            return answer_turn(self._early_guess(plan, values))
+            return note + answer_turn(self._early_guess(plan, values, task.answers[0]))
         if n < len(plan.steps):
-            query = self._resolve(plan.steps[n].query, values)
-            return search_call(query) if query else answer_turn("unknown")
-        return answer_turn(self._final(plan, values) or "unknown")
+            name = self._resolve(plan.steps[n].query, values)
+            if not name:
+                return note + answer_turn("unknown")
+            unit = self.world.config.passage_unit
+            return note + search_call(search_query(name, plan.steps[n].read, unit))
+        return note + answer_turn(self._final(plan, values) or "unknown")
 
-    def _early_guess(self, plan: Plan, values: list[str | None]) -> str:
-        """What it just read; but the searched name when the plan says the read value may
-        win a comparison ("Who was born first, the father of X or Y?"), so it stays wrong."""
-        guess = values[0]
-        if isinstance(plan.answer, Comparison):
-            candidates = (plan.answer.left_answer, plan.answer.right_answer)
-            if any(isinstance(c, int) and c == 0 for c in candidates):
-                guess = self._resolve(plan.steps[0].query, values)
-        return guess or "unknown"
+    def _note(self, plan: Plan, values: list[str | None], n: int) -> str:
+        """The fact read from the latest search, restated, plus a newline ("" if none)."""
+        if n == 0 or n > len(plan.steps) or values[n - 1] is None:
+            return ""
+        step = plan.steps[n - 1]
+        name = self._resolve(step.query, values)
+        value = values[n - 1]
+        if name is None or value is None:
+            return ""
+        return fact_sentence(step.read, name, value) + "\n"
+
+    def _early_guess(self, plan: Plan, values: list[str | None], gold: str) -> str:
+        """A plausible, wrong answer after one search: for a chain, the entity just read
+        (the bridge, not the end); for a comparison, a side's name that is not the winner
+        (never a bare number: the question asks for a name)."""
+        if not isinstance(plan.answer, Comparison):
+            return values[0] or "unknown"
+        sides = (plan.answer.left_answer, plan.answer.right_answer)
+        known = [c for c in sides if isinstance(c, str) or c < len(values)]
+        named = [n for n in (self._resolve(c, values) for c in known) if n is not None]
+        # If only the winner is known yet, a name from the question is the wrong guess.
+        named += [s.query for s in plan.steps if isinstance(s.query, str)]
+        wrong = [n for n in named if n != gold]
+        return wrong[0] if wrong else "unknown"
 
     @staticmethod
     def _resolve(query: str | int, values: list[str | None]) -> str | None:

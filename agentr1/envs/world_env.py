@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from agentr1.backends.scripted import ScriptedGenerator
 from agentr1.envs.base import OutcomeReward, ProcessReward, ToolEnv, em_reward
-from agentr1.envs.world import OraclePolicy, World
+from agentr1.envs.world import OraclePolicy, World, answer_turn
 from agentr1.retrieval.bm25 import BM25Retriever
 from agentr1.rollout.chat import ChatFormat
 from agentr1.tools.search import SearchTool
@@ -39,7 +39,7 @@ class WorldEnvFactory:
     process_reward: ProcessReward | None = None
 
     def __post_init__(self) -> None:
-        self.retriever = BM25Retriever(self.world.passages)
+        self.retriever = BM25Retriever(self.world.passages, index_text=self.world.index_text)
 
     def __call__(self) -> ToolEnv:
         return ToolEnv(
@@ -51,7 +51,11 @@ class WorldEnvFactory:
 
 
 def oracle_generator(
-    world: World, chat: ChatFormat, early_answer_prob: float = 0.0, seed: int = 0
+    world: World,
+    chat: ChatFormat,
+    early_answer_prob: float = 0.0,
+    seed: int = 0,
+    notes: bool = True,
 ) -> ScriptedGenerator:
     """The oracle policy as a Generator (log-prob 0, deterministic given ``seed``).
 
@@ -63,12 +67,12 @@ def oracle_generator(
     for split in ("train", "test", "test_ood"):
         for t in world.tasks(split):
             tasks.setdefault(t.question, t)
-    oracle = OraclePolicy(world, early_answer_prob, random.Random(seed))
+    oracle = OraclePolicy(world, early_answer_prob, random.Random(seed), notes)
 
     def respond(context: str) -> str:
         m = _USER.search(context)
         if m is None or m.group(1) not in tasks:
-            return "<answer>unknown</answer>"
+            return answer_turn("unknown")
         return oracle.next_turn(tasks[m.group(1)], _RESPONSE.findall(context))
 
     return ScriptedGenerator(respond, chat.encode, chat.decode, chat.end_of_turn_id)
@@ -79,7 +83,7 @@ def tokenizer_corpus(world: World) -> list[str]:
     out = [f"{p.title}\n{p.text}" for p in world.passages]
     for t in world.tasks("train"):
         out.append(t.question)
-        out.extend(f"<answer>{a}</answer>" for a in t.answers)
+        out.extend(answer_turn(a) for a in t.answers)
         for s in world.gold_searches[t.id]:
             call = {"name": "search", "arguments": {"query": s}}
             out.append(f"<tool_call>{json.dumps(call)}</tool_call>")

@@ -43,9 +43,11 @@ def summarize(trajs: Sequence[Trajectory], tasks_by_id: dict[str, Task]) -> Eval
     groups: dict[str, list[Trajectory]] = defaultdict(list)
     for t in trajs:
         groups["all"].append(t)
-        hops = tasks_by_id[t.task_id].metadata.get("hops")
-        if hops is not None:
-            groups[f"hops={hops}"].append(t)
+        meta = tasks_by_id[t.task_id].metadata
+        if meta.get("hops") is not None:
+            groups[f"hops={meta['hops']}"].append(t)
+        if meta.get("type") is not None:
+            groups[f"type={meta['type']}"].append(t)
     by_group = {}
     for name in sorted(groups, key=lambda g: (g != "all", g)):
         ts = groups[name]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -23,9 +23,16 @@ class BM25Retriever:
     Args:
         passages: the corpus; ids must be unique.
         k1, b: the usual BM25 parameters.
+        index_text: the text indexed for a passage (default: ``title + " " + text``).
     """
 
-    def __init__(self, passages: Sequence[Passage], k1: float = 1.5, b: float = 0.75) -> None:
+    def __init__(
+        self,
+        passages: Sequence[Passage],
+        k1: float = 1.5,
+        b: float = 0.75,
+        index_text: Callable[[Passage], str] | None = None,
+    ) -> None:
         import bm25s  # imported here: only retrieval users pay for it
 
         if not passages:
@@ -36,7 +43,8 @@ class BM25Retriever:
             raise ValueError(f"duplicate passage id {dup!r}: passage ids must be unique")
         self.passages = list(passages)
         self._index = bm25s.BM25(k1=k1, b=b)
-        corpus_tokens = [tokenize(f"{p.title} {p.text}") for p in self.passages]
+        text = index_text or (lambda p: f"{p.title} {p.text}")
+        corpus_tokens = [tokenize(text(p)) for p in self.passages]
         self._index.index(corpus_tokens, show_progress=False)
 
     def __len__(self) -> int:

@@ -362,7 +362,7 @@ def warm_start(setup: Setup, run: RunDir) -> dict[str, float]:
     sft = cfg.sft
     rcfg = dataclasses.replace(cfg.rollout, n_samples=1, temperature=1.0)
     t0 = time.perf_counter()
-    sources = setup.demo_sources(sft.early_answer_prob, cfg.train.seed)
+    sources = setup.demo_sources(sft.early_answer_prob, cfg.train.seed, sft.notes)
     demos: list[Trajectory] = []
     demo_tasks: list[Task] = []
     for k, (tasks, make_env, gen) in enumerate(sources):
@@ -387,6 +387,7 @@ def warm_start(setup: Setup, run: RunDir) -> dict[str, float]:
         setup.pad_id,
         cfg.train.seed,
         on_step=lambda i, loss: bar.update_with(loss=loss),
+        context_weight=sft.context_loss_weight,
     )
     bar.close()
     info = {

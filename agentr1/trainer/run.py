@@ -156,7 +156,8 @@ class RunDir:
 
 
 def summary_table(summary: dict[str, Any]) -> str:
-    """Markdown: EM per split and hop count, greedy and sampled, before and after RL."""
+    """Markdown: EM per split and hop count, greedy and sampled, before and after RL; then
+    greedy EM per question type."""
     before, after = summary.get("eval_before", {}), summary.get("eval_after", {})
     cols: list[tuple[str, str]] = []
     for rec in (before, after):
@@ -165,20 +166,34 @@ def summary_table(summary: dict[str, Any]) -> str:
                 for g in groups:
                     if (split, g) not in cols:
                         cols.append((split, g))
+    by_hops = [c for c in cols if not c[1].startswith("type=")]
+    by_type = [c for c in cols if c[1].startswith("type=")]
+    lines = _em_rows(by_hops, before, after, ("greedy", "sampled"))
+    if by_type:
+        lines += ["", *_em_rows(by_type, before, after, ("greedy",))]
+    if "minutes" in summary:
+        lines.append(
+            f"\n{summary.get('steps', 0)} RL steps, {summary['minutes']:.1f} minutes in total."
+        )
+    return "\n".join(lines)
+
+
+def _em_rows(
+    cols: list[tuple[str, str]],
+    before: dict[str, Any],
+    after: dict[str, Any],
+    modes: tuple[str, ...],
+) -> list[str]:
     lines = [
         "| EM | " + " | ".join(f"{s} {g}" for s, g in cols) + " |",
         "|---|" + "---|" * len(cols),
     ]
     for when, rec in (("before RL", before), ("after RL", after)):
-        for mode in ("greedy", "sampled"):
+        for mode in modes:
             per_split = rec.get(mode, {})
             cells = []
             for s, g in cols:
                 v = per_split.get(s, {}).get(g, {}).get("em")
                 cells.append("" if v is None else f"{v:.3f}")
             lines.append(f"| {mode}, {when} | " + " | ".join(cells) + " |")
-    if "minutes" in summary:
-        lines.append(
-            f"\n{summary.get('steps', 0)} RL steps, {summary['minutes']:.1f} minutes in total."
-        )
-    return "\n".join(lines)
+    return lines

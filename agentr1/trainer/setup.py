@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,9 +36,9 @@ class Setup:
     """Everything a run is made of (built once per process)."""
 
     cfg: Config
-    world: World
+    world: World | None  # None for task.kind = "qa"
     tasks: dict[str, list[Task]]
-    make_env: WorldEnvFactory
+    make_env: Any  # WorldEnvFactory, or SearchEnvFactory for task.kind = "qa"
     demo_worlds: list[World]
     tokenizer: Any
     chat: ChatFormat
@@ -45,33 +46,36 @@ class Setup:
     generator: HFGenerator
     pad_id: int
     model_dir: Path
+    demo_fn: Callable[[float, int, bool], list[tuple[list[Task], Any, Any]]] | None = None
+    """Replaces the world's demonstration sources (task.kind = "qa": supporting facts)."""
 
     def demo_sources(
-        self, early_answer_prob: float, seed: int
+        self, early_answer_prob: float, seed: int, notes: bool = True
     ) -> list[tuple[list[Task], WorldEnvFactory, Any]]:
         """(training tasks, env factory, scripted oracle generator) per demonstration world."""
+        if self.demo_fn is not None:
+            return self.demo_fn(early_answer_prob, seed, notes)
         out = []
         for w in self.demo_worlds or [self.world]:
             env = self.make_env if w is self.world else dataclasses.replace(self.make_env, world=w)
             out.append(
-                (w.tasks("train"), env, oracle_generator(w, self.chat, early_answer_prob, seed))
+                (
+                    w.tasks("train"),
+                    env,
+                    oracle_generator(w, self.chat, early_answer_prob, seed, notes),
+                )
             )
         return out
 
 
-def _tiny_model_dir(cfg: Config, cache_root: Path, n_demo_worlds: int) -> Path:
-    """A content key for the tiny model: the same worlds + shape + seed reuse one build.
-
-    The demonstration worlds count: their text is part of the tokenizer's training corpus.
+def _tiny_model_dir(cfg: Config, cache_root: Path, texts: list[str]) -> Path:
+    """A content key for the tiny model: the same tokenizer text + shape + seed reuse one
+    build. The text (the world's and the demonstration worlds' passages, questions, calls)
+    is hashed itself, so a change in how worlds are written can never reuse a stale build.
     """
+    digest = hashlib.sha256("\x00".join(texts).encode()).hexdigest()
     key = json.dumps(
-        {
-            "world": configutil.to_dict(cfg.task.world),
-            "tiny": configutil.to_dict(cfg.model.tiny),
-            "seed": cfg.train.seed,
-            "demo_worlds": n_demo_worlds,
-            "v": 2,
-        },
+        {"texts": digest, "tiny": configutil.to_dict(cfg.model.tiny), "seed": cfg.train.seed},
         sort_keys=True,
     )
     return cache_root / f"tiny-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
@@ -83,6 +87,10 @@ def build_setup(cfg: Config, cache_root: str | Path | None = None) -> Setup:
     The tiny model is built once per (world, shape, seed) under ``cache_root`` (default
     ``$AGENTR1_CACHE/tiny``) and reused by later runs.
     """
+    if cfg.task.kind == "qa":
+        from agentr1.trainer.qa_setup import build_qa_setup
+
+        return build_qa_setup(cfg)
     from agentr1.models import cache_dir, load_model, load_tokenizer
     from agentr1.tiny import build_and_save
 
@@ -105,11 +113,11 @@ def build_setup(cfg: Config, cache_root: str | Path | None = None) -> Setup:
         process_reward=cfg.task.process.build(),
     )
     if cfg.model.path == "tiny":
-        model_dir = _tiny_model_dir(cfg, cache_root, len(demo_worlds))
+        texts = [t for w in [world, *demo_worlds] for t in tokenizer_corpus(w)]
+        model_dir = _tiny_model_dir(cfg, cache_root, texts)
         if not (model_dir / "config.json").exists():
             log.info("building tiny model and tokenizer in %s", model_dir)
             tmp = model_dir.with_name(f"{model_dir.name}.tmp-{os.getpid()}")
-            texts = [t for w in [world, *demo_worlds] for t in tokenizer_corpus(w)]
             build_and_save(tmp, texts, cfg.model.tiny, cfg.train.seed)
             try:  # publish atomically; a concurrent builder may have won the race
                 os.replace(tmp, model_dir)

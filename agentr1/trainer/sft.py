@@ -2,7 +2,10 @@
 
 Demonstrations are ordinary `Trajectory` objects (a scripted policy run through the real
 rollout, env and tools), collated by the same `collate`; the loss is the mean negative
-log-likelihood over ``loss_mask = 1`` tokens — exactly the tokens RL will later train.
+log-likelihood over ``loss_mask = 1`` tokens — exactly the tokens RL will later train —
+plus, optionally, ``context_weight`` x the same NLL over the context tokens (prompt and
+tool responses): language modelling on the text the agent reads. A freshly initialized
+model needs it to form copying circuits; RL itself never trains context tokens.
 """
 
 from __future__ import annotations
@@ -56,8 +59,12 @@ def sft_train(
     pad_id: int,
     seed: int,
     on_step: Callable[[int, float], None] | None = None,
+    context_weight: float = 0.0,
 ) -> list[float]:
     """Train ``model`` in place for ``steps`` AdamW steps; returns the loss per step.
+
+    The returned (and reported) loss is the NLL over the agent's tokens only, whatever
+    ``context_weight`` is, so runs with and without context loss compare directly.
 
     The learning rate warms up linearly over the first 5% of steps, then decays on a
     cosine to 10% of ``lr``.
@@ -84,10 +91,16 @@ def sft_train(
             batches = length_bucketed_batches([len(d.token_ids) for d in demos], batch_size, rng)
         idx = batches.pop()
         batch = collate([demos[i] for i in idx], list(range(len(idx))), pad_id)
-        lp_BT, _ = token_logprobs(
-            model, batch.input_ids_BT, batch.attention_mask_BT, batch.loss_mask_BT
-        )
-        loss = -masked_aggregate(lp_BT, batch.loss_mask_BT, "token-mean")
+        agent_BT = batch.loss_mask_BT
+        context_BT = batch.attention_mask_BT.to(agent_BT.dtype) * (1 - agent_BT)
+        select_BT = agent_BT if context_weight == 0 else agent_BT + context_BT
+        lp_BT, _ = token_logprobs(model, batch.input_ids_BT, batch.attention_mask_BT, select_BT)
+        agent_loss = -masked_aggregate(lp_BT, agent_BT, "token-mean")
+        loss = agent_loss
+        if context_weight:
+            # Position 0 has no prediction; token_logprobs leaves it at 0.
+            context_BT[:, 0] = 0
+            loss = loss - context_weight * masked_aggregate(lp_BT, context_BT, "token-mean")
         opt.zero_grad(set_to_none=True)
         if not torch.isfinite(loss):
             log.warning("SFT step %d: non-finite loss, step skipped", step)
@@ -97,7 +110,7 @@ def sft_train(
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        value = loss.item()
+        value = agent_loss.item()
         losses.append(value)
         if on_step is not None:
             on_step(step, value)

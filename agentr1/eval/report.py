@@ -1,0 +1,391 @@
+"""`agentr1 eval`: load QA data, run each method for each model on each dataset, write
+``results.json`` and ``results.md``.
+
+The main table is shaped like the paper's: one row per method and model (checkpoint), one
+column per dataset, cells ``EM [F1]``, plus the average over datasets. A second table gives
+the behaviour behind the numbers: cover-EM, mean turns, tool calls and stop reasons.
+``episodes.jsonl`` holds every episode's decoded text, answer and scores.
+
+Questions: every record of each file, deduplicated; ``max_tasks`` keeps a seeded sample
+by the same rule as training runs' eval splits (`agentr1.trainer.qa_setup.sample_questions`),
+so ``--max-tasks 100`` evaluates the questions a ``n_eval: 100`` recipe evaluates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentr1.config import QA_EVAL_FILES
+from agentr1.eval.baselines import METHOD_LABELS, METHODS
+from agentr1.eval.evaluate import EvalResult
+from agentr1.retrieval.base import Passage
+from agentr1.types import Task
+
+log = logging.getLogger(__name__)
+
+CORPORA = ("eval", "contexts", "contexts+wiki")
+"""``--corpus``: "eval" = the evaluated files' own context paragraphs; "contexts" = plus
+every question file with context under the data directory (the corpus of ``task.kind: qa``
+recipes and benchmarks/retrieval_quality.py); "contexts+wiki" = plus Wikipedia
+distractors."""
+
+
+@dataclass(frozen=True)
+class EvalJob:
+    """What ``agentr1 eval`` runs.
+
+    Attributes:
+        models: local directories, hub ids or aliases; one row group each.
+        methods: names in `METHODS`.
+        datasets: named eval sets (keys of `QA_EVAL_FILES`), used when ``data`` is empty.
+        data: question files; the column is the file's dataset (its stem on a clash).
+        format: the format of every ``data`` file (None: detected per file).
+        retriever: "bm25", "dense", "hybrid" or an http:// URL.
+        corpus: one of `CORPORA`.
+        top_k: passages per search / in the Naive RAG prompt.
+        max_tasks: questions per dataset (0 = all).
+        max_turns, max_tokens_per_turn, max_context: rollout budgets.
+        chat_template: "qwen2.5" (the project's tools template) or "model" (the tokenizer's).
+        dtype: "float32" or "bfloat16".
+        seed: question sampling and generation seed.
+        data_dir: raw-data root ("" = the default).
+        out: output directory.
+    """
+
+    models: tuple[str, ...]
+    methods: tuple[str, ...] = ("naive_rag", "tool_call")
+    datasets: tuple[str, ...] = ("hotpotqa", "2wiki", "musique")
+    data: tuple[str, ...] = ()
+    format: str | None = None
+    retriever: str = "bm25"
+    corpus: str = "contexts"
+    top_k: int = 5
+    max_tasks: int = 0
+    max_turns: int = 5
+    max_tokens_per_turn: int = 256
+    max_context: int = 4096
+    chat_template: str = "qwen2.5"
+    dtype: str = "float32"
+    seed: int = 0
+    data_dir: str = ""
+    out: str = "runs/eval"
+
+    def validate(self) -> None:
+        """Raise ValueError naming each bad field."""
+        errors = [f"unknown method {m!r}" for m in self.methods if m not in METHODS]
+        if not self.data:
+            errors += [
+                f"unknown dataset {d!r} (known: {', '.join(QA_EVAL_FILES)})"
+                for d in self.datasets
+                if d not in QA_EVAL_FILES
+            ]
+        local = ("bm25", "dense", "hybrid")
+        if self.retriever not in local and not self.retriever.startswith(("http://", "https://")):
+            errors.append(f"retriever {self.retriever!r}: use one of {', '.join(local)} or a URL")
+        if self.corpus not in CORPORA:
+            errors.append(f"corpus {self.corpus!r}: use one of {', '.join(CORPORA)}")
+        if self.top_k < 1 or self.max_tasks < 0:
+            errors.append("top_k must be >= 1 and max_tasks >= 0")
+        if self.chat_template not in ("qwen2.5", "model"):
+            errors.append(f"chat_template {self.chat_template!r}: use qwen2.5 or model")
+        if errors:
+            raise ValueError("; ".join(errors))
+
+
+@dataclass
+class ResultRow:
+    """One (method, model, dataset) cell group of the report."""
+
+    method: str
+    model: str
+    dataset: str
+    n: int
+    em: float
+    f1: float
+    cover_em: float
+    turns: float
+    tool_calls: float
+    stop_reasons: dict[str, float]
+    by_group: dict[str, dict[str, float]]
+    seconds: float
+
+    @classmethod
+    def from_eval(
+        cls, method: str, model: str, dataset: str, res: EvalResult, seconds: float
+    ) -> ResultRow:
+        a = res.by_group["all"]
+        return cls(
+            method,
+            model,
+            dataset,
+            int(a["n"]),
+            a["em"],
+            a["f1"],
+            a["cover_em"],
+            a["turns"],
+            a["tool_calls"],
+            dict(res.stop_reasons),
+            res.by_group,
+            seconds,
+        )
+
+    @property
+    def label(self) -> str:
+        return f"{METHOD_LABELS.get(self.method, self.method)} ({Path(self.model).name})"
+
+
+# ---------------------------------------------------------------------------- tables
+
+
+def paper_table(rows: Sequence[ResultRow]) -> str:
+    """Rows = method (model), columns = datasets then Avg, cells ``EM [F1]``.
+
+    >>> r = ResultRow("naive_rag", "m", "hotpotqa", 8, 0.25, 0.5, 0.25, 1, 0, {}, {}, 1.0)
+    >>> print(paper_table([r]))
+    | method | hotpotqa | Avg |
+    |---|---|---|
+    | Naive RAG (m) | 0.250 [0.500] | 0.250 [0.500] |
+    """
+    datasets = list(dict.fromkeys(r.dataset for r in rows))
+    labels = list(dict.fromkeys(r.label for r in rows))
+    cell = {(r.label, r.dataset): r for r in rows}
+    lines = [
+        "| method | " + " | ".join([*datasets, "Avg"]) + " |",
+        "|" + "---|" * (len(datasets) + 2),
+    ]
+    for label in labels:
+        got = [cell[(label, d)] for d in datasets if (label, d) in cell]
+        cells = [
+            f"{cell[(label, d)].em:.3f} [{cell[(label, d)].f1:.3f}]" if (label, d) in cell else "-"
+            for d in datasets
+        ]
+        em = sum(r.em for r in got) / max(1, len(got))
+        f1 = sum(r.f1 for r in got) / max(1, len(got))
+        lines.append(f"| {label} | " + " | ".join([*cells, f"{em:.3f} [{f1:.3f}]"]) + " |")
+    return "\n".join(lines)
+
+
+def behaviour_table(rows: Sequence[ResultRow]) -> str:
+    """Per row: n, cover-EM, mean turns, tool calls, stop-reason mix, seconds."""
+    lines = [
+        "| method | dataset | n | cover-EM | turns | tool calls | stop reasons | s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        stops = ", ".join(f"{k} {v:.2f}" for k, v in sorted(r.stop_reasons.items()))
+        lines.append(
+            f"| {r.label} | {r.dataset} | {r.n} | {r.cover_em:.3f} | {r.turns:.2f} | "
+            f"{r.tool_calls:.2f} | {stops} | {r.seconds:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def markdown_report(rows: Sequence[ResultRow], meta: dict[str, Any]) -> str:
+    """``results.md``: both tables plus the command and the setting."""
+    return "\n\n".join(
+        [
+            "# Evaluation",
+            f"Command: `{meta.get('command', '')}`",
+            f"Retriever {meta['retriever']} top-{meta['top_k']} over {meta['corpus_passages']} "
+            f"passages (corpus: {meta['corpus']}); greedy; at most {meta['max_turns']} turns "
+            f"of {meta['max_tokens_per_turn']} tokens, {meta['max_context']} in all.",
+            "## Exact match [F1]",
+            paper_table(rows),
+            "## Behaviour",
+            behaviour_table(rows),
+            "",
+        ]
+    )
+
+
+def write_results(
+    out_dir: Path, rows: Sequence[ResultRow], meta: dict[str, Any]
+) -> tuple[Path, Path]:
+    """Write ``results.json`` (meta + rows) and ``results.md``; returns both paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    js, md = out_dir / "results.json", out_dir / "results.md"
+    payload = {"meta": meta, "rows": [dataclasses.asdict(r) for r in rows]}
+    js.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    md.write_text(markdown_report(rows, meta), encoding="utf-8")
+    return js, md
+
+
+# ---------------------------------------------------------------------------- the job
+
+
+@dataclass
+class EvalData:
+    """Questions per dataset column, the files they came from, and the corpus."""
+
+    tasks: dict[str, list[Task]]
+    files: dict[str, list[Path]]
+    passages: list[Passage] = field(default_factory=list)
+
+
+def load_eval_data(job: EvalJob) -> EvalData:
+    """Columns -> tasks (see the module docstring) and the corpus of ``job.corpus``.
+
+    Raises:
+        FileNotFoundError: a ``data`` file or a named dataset's file that does not exist.
+        agentr1.data.DataFormatError: a file in no known format or a bad record (names the
+            file and the record).
+    """
+    from agentr1.data import (
+        QASample,
+        corpus_paragraphs,
+        dedupe,
+        default_data_dir,
+        infer_dataset,
+        load,
+        qa_files,
+    )
+    from agentr1.trainer.qa_setup import Loader, sample_questions, wiki_files
+
+    root = Path(job.data_dir).expanduser() if job.data_dir else default_data_dir()
+    files: dict[str, list[Path]] = {}
+    samples_by: dict[str, list[QASample]] = {}
+    if job.data:
+        for f in job.data:
+            path = Path(f).expanduser()
+            if not path.is_file():
+                raise FileNotFoundError(f"--data {f}: no such file")
+            res = load(path, job.format)
+            name = infer_dataset(path, res.format)
+            if name in files:
+                name = path.stem
+            files[name] = [path]
+            samples_by[name] = res.samples
+    else:
+        for name in job.datasets:
+            paths = [root / rel for rel in QA_EVAL_FILES[name]]
+            for p in paths:
+                if not p.is_file():
+                    raise FileNotFoundError(f"--dataset {name}: {p} is missing")
+            files[name] = paths
+            samples_by[name] = [s for p in paths for s in load(p).samples]
+    tasks = {}
+    for name, samples in samples_by.items():
+        chosen = sample_questions(dedupe(samples), job.max_tasks, job.seed, name)
+        tasks[name] = [s.to_task() for s in chosen]
+    every = [s for ss in samples_by.values() for s in ss]
+    extras: list[Path] = []
+    if job.corpus != "eval":
+        loader = Loader()
+        known = {p.resolve() for ps in files.values() for p in ps}
+        for p in qa_files(root) if root.is_dir() else []:
+            if p.resolve() not in known:
+                every += [s for s in loader(p) if s.context]
+    if job.corpus == "contexts+wiki":
+        extras = wiki_files(root)
+    return EvalData(tasks, files, corpus_paragraphs(every, extras))
+
+
+def _episode_lines(
+    row: ResultRow, res: EvalResult, tasks: dict[str, Task], decode: Any
+) -> list[str]:
+    out = []
+    for t in res.trajectories:
+        task = tasks[t.task_id]
+        rec = {
+            "method": row.method,
+            "model": row.model,
+            "dataset": row.dataset,
+            "task_id": t.task_id,
+            "question": task.question,
+            "gold": task.answers,
+            "answer": t.answer,
+            "em": t.metrics.get("em", 0.0),
+            "f1": t.metrics.get("f1", 0.0),
+            "stop_reason": str(t.stop_reason),
+            "turns": t.num_turns,
+            "tool_calls": len(t.tool_log),
+            "text": decode(t.token_ids[t.prompt_len :]),
+        }
+        out.append(json.dumps(rec, ensure_ascii=False))
+    return out
+
+
+def run_job(job: EvalJob, command: str = "") -> tuple[list[ResultRow], Path, Path]:
+    """Run every method for every model on every dataset; write the report.
+
+    Returns:
+        (rows, path of results.json, path of results.md).
+    """
+    import torch
+
+    from agentr1.backends.hf import HFGenerator
+    from agentr1.envs.qa_env import retriever_from_spec
+    from agentr1.models import load_model, load_tokenizer
+    from agentr1.rollout.chat import ChatFormat
+    from agentr1.rollout.loop import RolloutConfig
+    from agentr1.templates import QWEN25_TOOLS
+
+    job.validate()
+    t0 = time.perf_counter()
+    data = load_eval_data(job)
+    retriever = retriever_from_spec(job.retriever, data.passages)
+    log.info(
+        "eval data: %s; corpus %d passages (%.1f s)",
+        {k: len(v) for k, v in data.tasks.items()},
+        len(data.passages),
+        time.perf_counter() - t0,
+    )
+    rollout = RolloutConfig(
+        max_turns=job.max_turns,
+        max_tokens_per_turn=job.max_tokens_per_turn,
+        max_context=job.max_context,
+        temperature=0.0,
+    )
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if job.dtype == "bfloat16" else torch.float32
+    out_dir = Path(job.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows: list[ResultRow] = []
+    episodes: list[str] = []
+    for model_name in job.models:
+        tokenizer = load_tokenizer(model_name)
+        model = load_model(model_name, dtype=dtype, device=device)
+        template = QWEN25_TOOLS if job.chat_template == "qwen2.5" else None
+        chat = ChatFormat.from_hf(tokenizer, chat_template=template)
+        generator = HFGenerator(model, tokenizer)
+        for method in job.methods:
+            for name, tasks in data.tasks.items():
+                ts = time.perf_counter()
+                res = METHODS[method](
+                    tasks,
+                    retriever,
+                    generator,
+                    chat,
+                    top_k=job.top_k,
+                    rollout=rollout,
+                    seed=job.seed,
+                )
+                row = ResultRow.from_eval(method, model_name, name, res, time.perf_counter() - ts)
+                rows.append(row)
+                episodes += _episode_lines(row, res, {t.id: t for t in tasks}, chat.decode)
+                log.info(
+                    "%s / %s: EM %.3f F1 %.3f (%d tasks, %.1f s)",
+                    row.label,
+                    name,
+                    row.em,
+                    row.f1,
+                    row.n,
+                    row.seconds,
+                )
+    meta = {
+        "command": command,
+        **dataclasses.asdict(job),
+        "files": {k: [str(p) for p in v] for k, v in data.files.items()},
+        "corpus_passages": len(data.passages),
+        "seconds": time.perf_counter() - t0,
+    }
+    (out_dir / "episodes.jsonl").write_text("".join(e + "\n" for e in episodes), encoding="utf-8")
+    js, md = write_results(out_dir, rows, meta)
+    return rows, js, md

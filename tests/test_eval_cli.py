@@ -1,0 +1,143 @@
+"""`agentr1 eval` end to end on a tiny random model and a temp JSONL file, its errors, and
+the baselines' answer parsing with a scripted generator."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agentr1.backends.scripted import ScriptedGenerator
+from agentr1.cli import main
+from agentr1.eval.baselines import base_tool_call, naive_rag
+from agentr1.retrieval.base import Passage
+from agentr1.rollout import RolloutConfig
+from agentr1.types import Task
+
+from .fakes import byte_chat
+from .test_qa_env import FakeRetriever, ircot_record, save_tiny_chatml_model, write_jsonl
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_chatml_model(tmp_path_factory.mktemp("tiny"))
+
+
+def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    rc = main(["eval", *args])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_eval_writes_a_paper_shaped_report(
+    tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = write_jsonl(tmp_path / "hotpotqa" / "dev.jsonl", [ircot_record(i) for i in range(3)])
+    out = tmp_path / "out"
+    rc, stdout, err = run_cli(
+        [
+            "--model", str(tiny_model),
+            "--data", data,
+            "--corpus", "eval",
+            "--max-tasks", "2",
+            "--max-turns", "2",
+            "--max-tokens-per-turn", "8",
+            "--top-k", "2",
+            "--data-dir", str(tmp_path),
+            "--out", str(out),
+        ],
+        capsys,
+    )  # fmt: skip
+    assert rc == 0, err
+    res = json.loads((out / "results.json").read_text())
+    rows = {(r["method"], r["dataset"]): r for r in res["rows"]}
+    assert set(rows) == {("naive_rag", "hotpotqa"), ("tool_call", "hotpotqa")}
+    for r in rows.values():
+        assert r["n"] == 2 and 0.0 <= r["em"] <= r["cover_em"] <= 1.0
+        assert abs(sum(r["stop_reasons"].values()) - 1.0) < 1e-9
+    assert rows[("naive_rag", "hotpotqa")]["turns"] == 1.0
+    assert res["meta"]["corpus_passages"] == 9  # 3 records x 3 paragraphs, not just 2
+    md = (out / "results.md").read_text()
+    assert "| method | hotpotqa | Avg |" in md and "| Naive RAG (" in md and "| Tool Call (" in md
+    assert "| method | hotpotqa | Avg |" in stdout
+    lines = (out / "episodes.jsonl").read_text().splitlines()
+    assert len(lines) == 4 and {"question", "gold", "answer", "text"} <= set(json.loads(lines[0]))
+
+
+def test_eval_errors_name_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = str(tmp_path / "nope.jsonl")
+    rc, _, err = run_cli(["--model", "x", "--data", missing], capsys)
+    assert rc == 2 and "nope.jsonl" in err and "no such file" in err
+
+    odd = write_jsonl(tmp_path / "odd.jsonl", [{"foo": 1}])
+    rc, _, err = run_cli(["--model", "x", "--data", odd], capsys)
+    assert rc == 2 and "odd.jsonl" in err and "unknown format" in err
+
+    ircot = write_jsonl(tmp_path / "q.jsonl", [ircot_record(0)])
+    rc, _, err = run_cli(["--model", "x", "--data", ircot, "--format", "musique"], capsys)
+    assert rc == 2 and "q.jsonl" in err and "'id'" in err  # names the missing field
+
+    rc, _, err = run_cli(["--model", "x", "--data", ircot, "--retriever", "bm42"], capsys)
+    assert rc == 2 and "bm42" in err
+
+
+# ------------------------------------------------------------------ baselines
+
+
+def scripted(reply: str, seen: list[str]) -> ScriptedGenerator:
+    chat = byte_chat()
+
+    def respond(context: str) -> str:
+        seen.append(context)
+        return reply
+
+    return ScriptedGenerator(respond, chat.encode, chat.decode, chat.end_of_turn_id)
+
+
+TASK = Task("q1", "Who served as Chief of Protocol?", ["Shirley Temple"], {"hops": 2})
+ROLLOUT = RolloutConfig(max_turns=3, max_tokens_per_turn=200, max_context=10_000)
+
+
+def test_naive_rag_puts_passages_in_the_prompt_and_reads_the_answer_tag() -> None:
+    seen: list[str] = []
+    res = naive_rag(
+        [TASK], FakeRetriever(also={TASK.question: ["Shirley Temple"]}),
+        scripted("<answer>Shirley Temple</answer>", seen), byte_chat(), top_k=2, rollout=ROLLOUT,
+    )  # fmt: skip
+    assert "[1] Shirley Temple\nShirley Temple served as Chief of Protocol." in seen[0]
+    assert "<tools>" not in seen[0]  # no tool listing in the prompt
+    assert res.em == 1.0 and res.stop_reasons == {"answered": 1.0}
+    assert res.by_group["all"]["turns"] == 1.0 and res.by_group["all"]["tool_calls"] == 0.0
+
+
+def test_naive_rag_falls_back_to_the_first_line_without_a_tag() -> None:
+    res = naive_rag(
+        [TASK], FakeRetriever(), scripted("\nShirley Temple.\nShe was ...", []), byte_chat(),
+        rollout=ROLLOUT,
+    )  # fmt: skip
+    (t,) = res.trajectories
+    assert t.answer == "Shirley Temple." and res.em == 1.0
+    assert res.stop_reasons == {"no_tool_call": 1.0} and t.metrics["untagged_answer"] == 1.0
+
+
+def test_base_tool_call_runs_the_multi_turn_search_env() -> None:
+    calls = iter(
+        ['<tool_call>{"name": "search", "arguments": {"query": "Shirley Temple"}}</tool_call>']
+    )
+    chat = byte_chat()
+    gen = ScriptedGenerator(
+        lambda ctx: next(calls, "<answer>Shirley Temple</answer>"),
+        chat.encode,
+        chat.decode,
+        chat.end_of_turn_id,
+    )
+    res = base_tool_call([TASK], FakeRetriever(), gen, chat, top_k=1, rollout=ROLLOUT)
+    assert res.em == 1.0 and res.by_group["all"]["tool_calls"] == 1.0
+    assert res.by_group["all"]["turns"] == 2.0 and "hops=2" in res.by_group
+
+
+def test_passage_type_is_the_retrieval_one() -> None:
+    assert FakeRetriever().search("Shirley Temple", 1)[0] == Passage(
+        "p2", "Shirley Temple", "Shirley Temple served as Chief of Protocol."
+    )

@@ -1,0 +1,262 @@
+"""Real-QA env and setup: the supporting-facts demonstrator through the real rollout (byte
+chat, fake retriever), its answer rule when retrieval fails, and disjoint data splits."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from agentr1.config import QAConfig
+from agentr1.envs.qa_env import (
+    QA_SYSTEM_PROMPT,
+    SearchEnvFactory,
+    SupportingFactsPolicy,
+    retriever_from_spec,
+    supporting_facts_generator,
+)
+from agentr1.retrieval.base import Passage
+from agentr1.rollout import RolloutConfig, run_rollout
+from agentr1.trainer.qa_setup import assert_disjoint, load_qa_data, resolve_entry
+from agentr1.types import StopReason, Task, Trajectory
+
+from .fakes import byte_chat
+
+PASSAGES = [
+    Passage("p1", "Kiss and Tell (1945 film)", "Kiss and Tell stars Shirley Temple as Corliss."),
+    Passage("p2", "Shirley Temple", "Shirley Temple served as Chief of Protocol."),
+    Passage("p3", "Alû", "Alû is a demon, like Gallu and Lilu."),
+    Passage("p4", "Distractor", "Nothing useful about Velmora."),
+]
+
+TASK = Task(
+    "q1",
+    "What position was held by the woman who starred in Kiss and Tell?",
+    ["Chief of Protocol"],
+    {"supporting_titles": ["Kiss and Tell (1945 film)", "Shirley Temple"], "hops": 2},
+)
+
+
+class FakeRetriever:
+    """Passages titled with the query first, then those whose text contains it.
+
+    ``hide`` titles are never returned (a retrieval failure); ``also`` maps a query to
+    extra passages returned with it.
+    """
+
+    def __init__(self, hide: tuple[str, ...] = (), also: dict[str, list[str]] | None = None):
+        self.hide, self.also, self.queries = set(hide), also or {}, []
+
+    def search(self, query: str, k: int) -> list[Passage]:
+        self.queries.append(query)
+        live = [p for p in PASSAGES if p.title not in self.hide]
+        hits = [p for p in live if p.title == query] + [
+            p for p in live if p.title in self.also.get(query, [])
+        ]
+        hits += [p for p in live if query.lower() in p.text.lower() and p not in hits]
+        return hits[:k]
+
+    def search_batch(self, queries: list[str], k: int) -> list[list[Passage]]:
+        return [self.search(q, k) for q in queries]
+
+
+def demo(tasks: list[Task], retriever: Any, max_turns: int = 5, top_k: int = 1) -> list[Trajectory]:
+    chat = byte_chat()
+    groups = run_rollout(
+        tasks,
+        SearchEnvFactory(retriever, top_k=top_k),
+        supporting_facts_generator(tasks, chat, max_searches=max_turns - 1),
+        chat,
+        RolloutConfig(max_turns=max_turns, max_tokens_per_turn=400, max_context=20_000),
+    )
+    return [g.trajectories[0] for g in groups]
+
+
+def queries(t: Trajectory) -> list[str]:
+    return [e.arguments["query"] for e in t.tool_log]
+
+
+def test_demo_searches_each_supporting_title_then_answers_gold() -> None:
+    (t,) = demo([TASK], FakeRetriever())
+    assert queries(t) == ["Kiss and Tell (1945 film)", "Shirley Temple"]
+    assert t.stop_reason is StopReason.ANSWERED and t.answer == "Chief of Protocol"
+    assert t.metrics["em"] == 1.0 and t.num_turns == 3
+
+
+def test_demo_skips_a_title_an_earlier_search_already_returned() -> None:
+    both = FakeRetriever(also={"Kiss and Tell (1945 film)": ["Shirley Temple"]})
+    (t,) = demo([TASK], both, top_k=2)
+    assert queries(t) == ["Kiss and Tell (1945 film)"] and t.metrics["em"] == 1.0
+
+
+def test_failed_retrieval_answers_unknown_unless_the_answer_was_read() -> None:
+    # "Shirley Temple" is never returned: the evidence is incomplete and the answer unseen.
+    (t,) = demo([TASK], FakeRetriever(hide=("Shirley Temple",)))
+    assert queries(t) == ["Kiss and Tell (1945 film)", "Shirley Temple"]
+    assert t.answer == "unknown" and t.metrics["em"] == 0.0
+    # The first hop's passage is missing, but the answer is in what it did read.
+    (t,) = demo([TASK], FakeRetriever(hide=("Kiss and Tell (1945 film)",)))
+    assert t.answer == "Chief of Protocol"
+
+
+def test_search_budget_leaves_the_last_turn_for_the_answer() -> None:
+    (t,) = demo([TASK], FakeRetriever(), max_turns=2)
+    assert queries(t) == ["Kiss and Tell (1945 film)"]
+    assert t.stop_reason is StopReason.ANSWERED and t.answer == "unknown"
+
+
+def test_question_only_task_searches_the_question_and_non_ascii_is_verbatim() -> None:
+    task = Task("q2", "Alû", ["demon"])
+    (t,) = demo([task], FakeRetriever())
+    assert queries(t) == ["Alû"] and t.answer == "demon"
+    assert '"query": "Alû"' in t.turns[0].text  # not a \\u escape
+
+
+def test_unknown_question_answers_unknown() -> None:
+    chat = byte_chat()
+    gen = supporting_facts_generator([TASK], chat)
+    groups = run_rollout(
+        [Task("zz", "Who?", ["x"])],
+        SearchEnvFactory(FakeRetriever()),
+        gen,
+        chat,
+        RolloutConfig(max_turns=2, max_tokens_per_turn=400, max_context=20_000),
+    )
+    assert groups[0].trajectories[0].answer == "unknown"
+
+
+def test_policy_rejects_an_empty_budget() -> None:
+    with pytest.raises(ValueError, match="max_searches"):
+        SupportingFactsPolicy(0)
+
+
+def test_search_env_factory_wires_tool_prompt_and_top_k() -> None:
+    env = SearchEnvFactory(FakeRetriever(), top_k=3)()
+    assert env.system_prompt == QA_SYSTEM_PROMPT
+    assert [s["function"]["name"] for s in env.tool_schemas] == ["search"]
+    assert env.tools[0].top_k == 3  # type: ignore[attr-defined]
+
+
+def test_retriever_from_spec() -> None:
+    assert len(retriever_from_spec("bm25", PASSAGES).search("Shirley Temple", 1)) == 1
+    assert type(retriever_from_spec("http://127.0.0.1:1", [])).__name__ == "RemoteRetriever"
+    with pytest.raises(ValueError, match="'bm42' is unknown"):
+        retriever_from_spec("bm42", PASSAGES)
+
+
+# ------------------------------------------------------------------------- data setup
+
+
+def ircot_record(i: int, question: str | None = None) -> dict[str, Any]:
+    """One IRCoT-format question with two gold and one distractor paragraph."""
+    return {
+        "question_id": f"id{i}",
+        "question_text": question or f"Where was person {i} born?",
+        "answers_objects": [{"spans": [f"town {i}"]}],
+        "contexts": [
+            {
+                "title": f"Person {i}",
+                "paragraph_text": f"Person {i} is a poet.",
+                "is_supporting": True,
+            },
+            {"title": f"Town {i}", "paragraph_text": f"Born in town {i}.", "is_supporting": True},
+            {"title": f"Other {i}", "paragraph_text": "Unrelated.", "is_supporting": False},
+        ],
+    }
+
+
+def write_jsonl(path: Path, records: list[dict[str, Any]]) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return str(path)
+
+
+def test_splits_are_disjoint_and_a_shared_file_is_held_out(tmp_path: Path) -> None:
+    shared = write_jsonl(tmp_path / "ds" / "shared.jsonl", [ircot_record(i) for i in range(10)])
+    # A training copy of eval question 0 under another id: removed by normalized question.
+    other = write_jsonl(
+        tmp_path / "ds" / "train.jsonl",
+        [ircot_record(100, "where was PERSON 0 born"), ircot_record(101)],
+    )
+    qa = QAConfig(train=[shared, other], eval={"a": [shared]}, n_eval=4, data_dir=str(tmp_path))
+    data = load_qa_data(qa)
+    assert_disjoint(data.tasks)
+    assert len(data.tasks["a"]) == 4
+    eval_ids = {t.id for t in data.tasks["a"]}
+    train_ids = {t.id for t in data.tasks["train"]}
+    expected = {f"id{i}" for i in range(10)} - eval_ids | {"id101"}
+    if "id0" not in eval_ids:
+        expected.add("id100")
+    assert train_ids == expected
+    # The corpus holds every record's paragraphs, whatever was sampled.
+    assert len(data.passages) == 12 * 3
+    assert data.tasks["a"][0].metadata["supporting_titles"][0].startswith("Person")
+    # Same seed, same sample; another seed, (almost surely) another one.
+    assert {t.id for t in load_qa_data(qa).tasks["a"]} == eval_ids
+
+
+def save_tiny_chatml_model(path: Path) -> Path:
+    """A random 1-layer Llama with a ChatML BPE tokenizer, saved as a HF directory (~0.2 s)."""
+    from agentr1.eval.baselines import NAIVE_RAG_SYSTEM_PROMPT
+    from agentr1.tiny import build_and_save
+
+    texts = [QA_SYSTEM_PROMPT, NAIVE_RAG_SYSTEM_PROMPT]
+    texts += [json.dumps(ircot_record(i)) for i in range(5)]
+    shape = SimpleNamespace(
+        vocab_size=400,
+        pretokenizer="words",
+        hidden_size=32,
+        layers=1,
+        heads=2,
+        intermediate_size=64,
+        max_positions=4096,
+    )
+    return build_and_save(path, texts * 4, shape, seed=0)
+
+
+def test_build_setup_for_qa_runs_demonstrations_through_the_real_stack(tmp_path: Path) -> None:
+    from agentr1.config import load_config
+    from agentr1.trainer.setup import build_setup
+
+    model = save_tiny_chatml_model(tmp_path / "tiny")
+    data = write_jsonl(tmp_path / "d" / "q.jsonl", [ircot_record(i) for i in range(6)])
+    cfg = load_config(
+        None,
+        [
+            "task.kind=qa",
+            f"model.path={model}",
+            "model.chat_template=qwen2.5",
+            f"task.qa.train=[{data}]",
+            f"task.qa.eval={{a: [{data}]}}",
+            "task.qa.n_eval=2",
+            "task.top_k=1",
+            "eval.splits=[a]",
+            "rollout.max_turns=3",
+        ],
+    )
+    setup = build_setup(cfg)
+    assert setup.world is None and set(setup.tasks) == {"train", "a"}
+    assert len(setup.tasks["train"]) == 4
+    ((tasks, make_env, gen),) = setup.demo_sources(0.6, 0, True)
+    assert tasks is setup.tasks["train"]
+    env = make_env()
+    assert env.system_prompt == QA_SYSTEM_PROMPT
+    groups = run_rollout(
+        tasks, make_env, gen, setup.chat, RolloutConfig(max_turns=3, max_context=4096)
+    )
+    trajs = [g.trajectories[0] for g in groups]
+    assert all(t.metrics["em"] == 1.0 and len(t.tool_log) == 2 for t in trajs)
+    text = setup.chat.decode(trajs[0].token_ids)
+    assert "<tools>" in text and '"query": "Person' in text
+
+
+def test_dataset_folder_entries_and_clear_errors(tmp_path: Path) -> None:
+    write_jsonl(tmp_path / "mini" / "a.jsonl", [ircot_record(i) for i in range(3)])
+    write_jsonl(tmp_path / "mini" / "qonly.jsonl", [{"idx": 1, "question": "q", "answer": "a"}])
+    files = resolve_entry("mini", tmp_path, "task.qa.train")
+    assert [p.name for p in files] == ["a.jsonl"]  # only files with context
+    with pytest.raises(FileNotFoundError, match=r"task\.qa\.eval\.x: 'nope\.jsonl'"):
+        resolve_entry("nope.jsonl", tmp_path, "task.qa.eval.x")

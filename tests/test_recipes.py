@@ -1,0 +1,64 @@
+"""Every recipe loads and validates; the paper recipe holds exactly the paper's values; the
+QA recipes name data files that exist (when the data is on this machine)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agentr1.config import Config, load_config
+from agentr1.configutil import ConfigError
+from agentr1.trainer.qa_setup import data_root, resolve_entry
+
+RECIPES = sorted((Path(__file__).resolve().parents[1] / "recipes").glob("*.yaml"))
+
+
+def recipe(name: str) -> Config:
+    return load_config(next(p for p in RECIPES if p.name == name))
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
+def test_recipe_loads_and_validates(path: Path) -> None:
+    cfg = load_config(path)
+    if cfg.task.kind == "qa":
+        assert set(cfg.eval.splits) <= set(cfg.task.qa.eval_files)
+        root = data_root(cfg.task.qa)
+        if not root.is_dir():
+            pytest.skip(f"no raw data at {root}")
+        for name, entries in {"train": cfg.task.qa.train, **cfg.task.qa.eval_files}.items():
+            for e in entries:
+                assert resolve_entry(e, root, f"{path.name}: {name}")
+
+
+def test_paper_recipe_is_the_papers_setting() -> None:
+    cfg = recipe("qwen2.5-3b-paper.yaml")
+    assert cfg.model.path == "Qwen/Qwen2.5-3B-Instruct" and cfg.model.dtype == "bfloat16"
+    assert cfg.task.kind == "qa" and cfg.task.top_k == 5 and cfg.task.qa.retriever == "dense"
+    assert cfg.train.tasks_per_step == 128 and cfg.train.steps == 400
+    assert cfg.algo.estimator == "grpo" and cfg.rollout.n_samples == 5
+    assert cfg.optim.lr == 1e-6 and cfg.algo.critic_lr == 1e-5 and cfg.algo.kl_coef == 0.001
+    r = cfg.rollout
+    assert (r.max_turns, r.max_tokens_per_turn, r.max_context) == (5, 1024, 8192)
+    assert not cfg.sft.enabled
+    assert cfg.eval.splits == ("hotpotqa", "2wiki", "musique")
+
+
+def test_smollm2_recipe_is_sized_for_cpu() -> None:
+    cfg = recipe("multihop_smollm2.yaml")
+    assert cfg.model.path == "smollm2-135m-instruct" and cfg.model.chat_template == "qwen2.5"
+    assert cfg.task.kind == "qa" and cfg.sft.enabled and cfg.algo.estimator == "grpo"
+    assert (cfg.train.tasks_per_step, cfg.rollout.n_samples) == (4, 4)
+    r = cfg.rollout
+    assert (r.max_turns, r.max_tokens_per_turn, r.max_context) == (3, 128, 1024)
+    assert cfg.task.qa.n_eval == 100 and cfg.eval.splits == ("hotpotqa", "2wiki", "musique")
+
+
+def test_qa_validation_names_the_problem() -> None:
+    with pytest.raises(ConfigError, match=r"eval\.splits \['test', 'test_ood'\]"):
+        load_config(None, ["task.kind=qa", "model.path=m"])
+    with pytest.raises(ConfigError, match=r"task\.qa: retriever='bm42'"):
+        load_config(None, ["task.kind=qa", "model.path=m", "eval.splits=[hotpotqa]",
+                           "task.qa.retriever=bm42"])  # fmt: skip
+    with pytest.raises(ConfigError, match=r'model\.path="tiny"'):
+        load_config(None, ["task.kind=qa", "eval.splits=[hotpotqa]"])
