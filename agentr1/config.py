@@ -177,6 +177,10 @@ class SFTConfig:
     """Demonstrations come from this many other worlds (same word pools, other seeds, so
     other facts); 0 = from the task's own training questions. Facts a tiny model cannot
     memorize force it to learn to read its search results, which is what transfers."""
+    own_world_demos: bool = True
+    """Also demonstrate on the task world's own training questions (one more source,
+    sharing `demos` evenly). Its names then occur in SFT text: a name the model has never
+    seen is a rare token that it copies poorly ("country of Silanor" for any city)."""
     early_answer_prob: float = 0.6
     """Fraction of multi-hop demonstrations that answer after the first search (so the
     warm-started policy is imperfect and RL has something to fix)."""

@@ -56,7 +56,8 @@ class Setup:
         if self.demo_fn is not None:
             return self.demo_fn(early_answer_prob, seed, notes)
         out = []
-        for w in self.demo_worlds or [self.world]:
+        own = [self.world] if self.cfg.sft.own_world_demos or not self.demo_worlds else []
+        for w in [*own, *self.demo_worlds]:
             env = self.make_env if w is self.world else dataclasses.replace(self.make_env, world=w)
             out.append(
                 (
