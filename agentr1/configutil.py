@@ -107,7 +107,7 @@ def build(cls: type[T], data: dict[str, Any], where: str = "") -> T:
             # of its type (e.g. Config.rollout's defaults differ from RolloutConfig's).
             default = f.default_factory()
             if dataclasses.is_dataclass(default):
-                value = _merge(to_dict(default), value)
+                value = _merge(default, value)
         kwargs[key] = _coerce(value, hints[key], path)
     try:
         return cls(**kwargs)
@@ -117,10 +117,15 @@ def build(cls: type[T], data: dict[str, Any], where: str = "") -> T:
         raise ConfigError(f"{where or cls.__name__}: {e}") from None
 
 
-def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
+def _merge(default: Any, top: dict[str, Any]) -> dict[str, Any]:
+    """``top`` over the dict form of dataclass ``default``: nested dataclass sections merge
+    field by field; any other value in ``top`` (a dict-valued field included, e.g. a map of
+    eval splits) replaces the default whole, so a recipe can drop default entries."""
+    out = {f.name: to_dict(getattr(default, f.name)) for f in dataclasses.fields(default)}
     for k, v in top.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        sub = getattr(default, k, None)
+        nested = isinstance(v, dict) and dataclasses.is_dataclass(sub) and not isinstance(sub, type)
+        out[k] = _merge(sub, v) if nested else v
     return out
 
 

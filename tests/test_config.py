@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -88,3 +89,23 @@ def test_scientific_notation_is_a_number() -> None:
 def test_scientific_notation_in_a_recipe(tmp_path: Path) -> None:
     (tmp_path / "r.yaml").write_text("optim:\n  lr: 1e-4\n")
     assert load_config(tmp_path / "r.yaml").optim.lr == 0.0001
+
+
+@dataclasses.dataclass
+class _Inner:
+    splits: dict[str, int] = dataclasses.field(default_factory=lambda: {"a": 1})
+    n: int = 1
+
+
+@dataclasses.dataclass
+class _Outer:
+    inner: _Inner = dataclasses.field(default_factory=lambda: _Inner(splits={"b": 2}, n=5))
+
+
+def test_dict_valued_field_is_replaced_not_merged() -> None:
+    """A recipe's map (e.g. eval splits) replaces the default map: it can drop entries."""
+    from agentr1.configutil import build
+
+    built = build(_Outer, {"inner": {"splits": {"c": 3}}})
+    assert built.inner.splits == {"c": 3}
+    assert built.inner.n == 5  # the field's own default, not the class default
