@@ -206,7 +206,8 @@ def test_sft_context_loss_trains_the_context_and_reports_agent_loss_only() -> No
     def context_nll(model: torch.nn.Module) -> float:
         t = demo()
         ids = torch.tensor([t.token_ids])
-        lp, _ = token_logprobs(model, ids, torch.ones_like(ids))
+        with torch.no_grad():
+            lp, _ = token_logprobs(model, ids, torch.ones_like(ids))
         ctx = torch.tensor([[0.0] + [1.0 - m for m in t.loss_mask[1:]]])
         return float(-(lp * ctx).sum() / ctx.sum())
 
