@@ -7,10 +7,28 @@ policy). It goes through the same rollout, env, tools and retriever as a model d
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from agentr1.backends.base import Completion, SamplingParams
+
+_USER = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.DOTALL)
+_RESPONSE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.DOTALL)
+
+
+def read_chatml_context(context: str) -> tuple[str | None, list[str]]:
+    r"""(first user message, every tool response) of a decoded ChatML context: what a
+    scripted policy reads, exactly as a model sees it.
+
+    >>> read_chatml_context(
+    ...     "<|im_start|>user\nQ?<|im_end|>\n<|im_start|>user\n<tool_response>\nR\n"
+    ...     "</tool_response><|im_end|>"
+    ... )
+    ('Q?', ['R'])
+    """
+    m = _USER.search(context)
+    return (m.group(1) if m else None), _RESPONSE.findall(context)
 
 
 @dataclass

@@ -60,6 +60,17 @@ class TurnParser(Protocol):
 _THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
 
 
+def search_call(query: str) -> str:
+    """One search call as `HermesParser` reads it; non-ASCII kept as is, so a model copies
+    names verbatim instead of learning JSON escapes.
+
+    >>> search_call("Alû")
+    '<tool_call>{"name": "search", "arguments": {"query": "Alû"}}</tool_call>'
+    """
+    call = {"name": "search", "arguments": {"query": query}}
+    return f"<tool_call>{json.dumps(call, ensure_ascii=False)}</tool_call>"
+
+
 def _clip(s: str, n: int = 200) -> str:
     return s if len(s) <= n else s[:n] + "..."
 

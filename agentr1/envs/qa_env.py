@@ -10,14 +10,14 @@ Imports no torch.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from agentr1.backends.scripted import ScriptedGenerator
+from agentr1.backends.scripted import ScriptedGenerator, read_chatml_context
 from agentr1.data.splits import normalize_question
 from agentr1.envs.base import OutcomeReward, ProcessReward, ToolEnv, em_reward
+from agentr1.envs.parsers import search_call
 from agentr1.retrieval.base import Passage, Retriever
 from agentr1.rewards.qa import cover_exact_match
 from agentr1.rollout.chat import ChatFormat
@@ -36,20 +36,7 @@ QA_SYSTEM_PROMPT = (
 UNKNOWN = "unknown"
 """What `SupportingFactsPolicy` answers when it has not read the evidence."""
 
-_USER = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.DOTALL)
-_RESPONSE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.DOTALL)
 _TITLE_LINE = re.compile(r"^\[\d+\] (.+)$", re.MULTILINE)
-
-
-def search_call(query: str) -> str:
-    """One search call in the Hermes format; non-ASCII kept as is, so the model copies
-    titles verbatim instead of learning JSON escapes.
-
-    >>> search_call("Alû")
-    '<tool_call>{"name": "search", "arguments": {"query": "Alû"}}</tool_call>'
-    """
-    call = {"name": "search", "arguments": {"query": query}}
-    return f"<tool_call>{json.dumps(call, ensure_ascii=False)}</tool_call>"
 
 
 def answer_turn(answer: str) -> str:
@@ -205,10 +192,10 @@ def supporting_facts_generator(
     policy = SupportingFactsPolicy(max_searches)
 
     def respond(context: str) -> str:
-        m = _USER.search(context)
-        task = by_question.get(_key(m.group(1))) if m else None
+        question, responses = read_chatml_context(context)
+        task = by_question.get(_key(question)) if question is not None else None
         if task is None:
             return answer_turn(UNKNOWN)
-        return policy.next_turn(task, _RESPONSE.findall(context))
+        return policy.next_turn(task, responses)
 
     return ScriptedGenerator(respond, chat.encode, chat.decode, chat.end_of_turn_id)

@@ -36,13 +36,13 @@ sentence templates (never from the ground truth) and answers with what it read.
 from __future__ import annotations
 
 import functools
-import json
 import random
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from agentr1.envs.parsers import search_call
 from agentr1.retrieval.base import Passage
 from agentr1.types import Task
 
@@ -998,15 +998,6 @@ def vocabulary_coverage(world: World) -> set[str]:
 
 
 # ----------------------------------------------------------------------------- oracle
-def search_call(query: str) -> str:
-    """The assistant text of one search call (Hermes / Qwen format).
-
-    >>> search_call("Velmora")
-    '<tool_call>{"name": "search", "arguments": {"query": "Velmora"}}</tool_call>'
-    """
-    return f"<tool_call>{json.dumps({'name': 'search', 'arguments': {'query': query}})}</tool_call>"
-
-
 def answer_turn(answer: str) -> str:
     """The assistant text of a final answer.
 

@@ -3,21 +3,17 @@ the scripted oracle wrapped as a Generator so it runs through the real rollout."
 
 from __future__ import annotations
 
-import json
 import random
-import re
 from dataclasses import dataclass
 
-from agentr1.backends.scripted import ScriptedGenerator
+from agentr1.backends.scripted import ScriptedGenerator, read_chatml_context
 from agentr1.envs.base import OutcomeReward, ProcessReward, ToolEnv, em_reward
+from agentr1.envs.parsers import search_call
+from agentr1.envs.qa_env import SearchEnvFactory
 from agentr1.envs.world import OraclePolicy, World, answer_turn
 from agentr1.retrieval.bm25 import BM25Retriever
 from agentr1.rollout.chat import ChatFormat
-from agentr1.tools.search import SearchTool
 from agentr1.types import Task
-
-_USER = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.DOTALL)
-_RESPONSE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.DOTALL)
 
 
 @dataclass
@@ -40,14 +36,12 @@ class WorldEnvFactory:
 
     def __post_init__(self) -> None:
         self.retriever = BM25Retriever(self.world.passages, index_text=self.world.index_text)
+        self._envs = SearchEnvFactory(
+            self.retriever, self.top_k, self.system_prompt, self.outcome_reward, self.process_reward
+        )
 
     def __call__(self) -> ToolEnv:
-        return ToolEnv(
-            tools=[SearchTool(self.retriever, top_k=self.top_k)],
-            system_prompt=self.system_prompt,
-            outcome_reward=self.outcome_reward,
-            process_reward=self.process_reward,
-        )
+        return self._envs()
 
 
 def oracle_generator(
@@ -70,10 +64,10 @@ def oracle_generator(
     oracle = OraclePolicy(world, early_answer_prob, random.Random(seed), notes)
 
     def respond(context: str) -> str:
-        m = _USER.search(context)
-        if m is None or m.group(1) not in tasks:
+        question, responses = read_chatml_context(context)
+        if question is None or question not in tasks:
             return answer_turn("unknown")
-        return oracle.next_turn(tasks[m.group(1)], _RESPONSE.findall(context))
+        return oracle.next_turn(tasks[question], responses)
 
     return ScriptedGenerator(respond, chat.encode, chat.decode, chat.end_of_turn_id)
 
@@ -84,8 +78,6 @@ def tokenizer_corpus(world: World) -> list[str]:
     for t in world.tasks("train"):
         out.append(t.question)
         out.extend(answer_turn(a) for a in t.answers)
-        for s in world.gold_searches[t.id]:
-            call = {"name": "search", "arguments": {"query": s}}
-            out.append(f"<tool_call>{json.dumps(call)}</tool_call>")
+        out.extend(search_call(s) for s in world.gold_searches[t.id])
     out.append("\n<tool_response>\n[1] x\n</tool_response>\nNo results found.")
     return out
