@@ -186,17 +186,9 @@ def build_qa_setup(cfg: Config) -> Setup:
     most ``rollout.max_turns - 1`` searches so the answer fits in the turn budget;
     ``sft.early_answer_prob`` and ``sft.notes`` are world-only and ignored here.
     """
-    import torch
-
-    from agentr1.backends.hf import HFGenerator
-    from agentr1.models import load_model, load_tokenizer
     from agentr1.rewards import OUTCOME_REWARDS
-    from agentr1.rollout.chat import ChatFormat
-    from agentr1.trainer.setup import TEMPLATES, Setup
+    from agentr1.trainer.setup import Setup, load_policy
 
-    torch.manual_seed(cfg.train.seed)
-    if cfg.train.threads > 0:
-        torch.set_num_threads(cfg.train.threads)
     data = load_qa_data(cfg.task.qa)
     assert_disjoint(data.tasks)
     log.info("qa: %s", _summary(data.tasks, data.passages))
@@ -209,11 +201,7 @@ def build_qa_setup(cfg: Config) -> Setup:
         process_reward=cfg.task.process.build(),
     )
     path = cfg.model.path
-    tokenizer = load_tokenizer(path)
-    dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
-    policy = load_model(path, dtype=dtype)
-    chat = ChatFormat.from_hf(tokenizer, chat_template=TEMPLATES[cfg.model.chat_template])
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else chat.end_of_turn_id
+    tokenizer, chat, policy, generator, pad_id = load_policy(cfg, path)
     train = data.tasks["train"]
     searches = max(1, cfg.rollout.max_turns - 1)
 
@@ -229,7 +217,7 @@ def build_qa_setup(cfg: Config) -> Setup:
         tokenizer,
         chat,
         policy,
-        HFGenerator(policy, tokenizer),
+        generator,
         pad_id,
         Path(path),
         demo_fn=demo_sources,

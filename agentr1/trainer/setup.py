@@ -88,18 +88,17 @@ def build_setup(cfg: Config, cache_root: str | Path | None = None) -> Setup:
     The tiny model is built once per (world, shape, seed) under ``cache_root`` (default
     ``$AGENTR1_CACHE/tiny``) and reused by later runs.
     """
+    torch.manual_seed(cfg.train.seed)
+    if cfg.train.threads > 0:
+        torch.set_num_threads(cfg.train.threads)
     if cfg.task.kind == "qa":
         from agentr1.trainer.qa_setup import build_qa_setup
 
         return build_qa_setup(cfg)
-    from agentr1.models import cache_dir, load_model, load_tokenizer
+    from agentr1.models import cache_dir
     from agentr1.tiny import build_and_save
 
     cache_root = Path(cache_root) if cache_root is not None else cache_dir() / "tiny"
-
-    torch.manual_seed(cfg.train.seed)
-    if cfg.train.threads > 0:
-        torch.set_num_threads(cfg.train.threads)
     world = World.build(cfg.task.world)
     demo_worlds = [
         World.build(dataclasses.replace(cfg.task.world, seed=cfg.task.world.seed + 7919 * (k + 1)))
@@ -128,13 +127,7 @@ def build_setup(cfg: Config, cache_root: str | Path | None = None) -> Setup:
     else:
         path = cfg.model.path  # a local directory, a hub id, or a known alias
         model_dir = Path(path)
-    tokenizer = load_tokenizer(path)
-    dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
-    policy = load_model(path, dtype=dtype)
-    template = TEMPLATES[cfg.model.chat_template]
-    chat = ChatFormat.from_hf(tokenizer, chat_template=template)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else chat.end_of_turn_id
-    generator = HFGenerator(policy, tokenizer)
+    tokenizer, chat, policy, generator, pad_id = load_policy(cfg, path)
     return Setup(
         cfg,
         world,
@@ -148,3 +141,16 @@ def build_setup(cfg: Config, cache_root: str | Path | None = None) -> Setup:
         pad_id,
         model_dir,
     )
+
+
+def load_policy(cfg: Config, path: str) -> tuple[Any, ChatFormat, Any, HFGenerator, int]:
+    """(tokenizer, chat format, policy model, generator, pad id) for the model at ``path``
+    (a local directory, a hub id or a known alias), with the config's dtype and template."""
+    from agentr1.models import load_model, load_tokenizer
+
+    tokenizer = load_tokenizer(path)
+    dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
+    policy = load_model(path, dtype=dtype)
+    chat = ChatFormat.from_hf(tokenizer, chat_template=TEMPLATES[cfg.model.chat_template])
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else chat.end_of_turn_id
+    return tokenizer, chat, policy, HFGenerator(policy, tokenizer), pad_id
