@@ -49,7 +49,20 @@ class ModelConfig:
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
     """Shape of the tiny model when path = "tiny"."""
     dtype: Literal["float32", "bfloat16"] = "float32"
-    """Weights and compute dtype for training and generation."""
+    """Weights (and optimizer state) dtype of the policy."""
+    device: str = "auto"
+    """Where the policy, reference, critic and batches live: "auto" (CUDA when available,
+    else CPU), "cpu", "cuda" or "cuda:N"."""
+    compute_dtype: Literal["float32", "bfloat16"] = "float32"
+    """Matmul dtype of the training passes (SFT, reference and old log-probs, critic,
+    update), by autocast; weights and optimizer state stay in ``dtype``. "bfloat16" runs a
+    forward + backward about 2x faster on a CPU with avx512_bf16 (benchmarks/RESULTS.md)."""
+    sampler_dtype: Literal["same", "bfloat16"] = "same"
+    """Weights the rollout samples from: "same" = the policy itself; "bfloat16" = a bf16
+    copy, refreshed after every weight update (generation about 1.9x faster on CPU). The
+    PPO ratio never uses the sampler's log-probs (the trainer computes its own old
+    log-probs), so the copy only changes which tokens are sampled; ``logprob_mismatch``
+    (off-policy runs) reports how far the sampler is from the trainer."""
     chat_template: Literal["model", "qwen2.5", "chatml-minimal"] = "chatml-minimal"
     """"model" = the tokenizer's own template; "qwen2.5" = ChatML with the tool listing
     (real instruct models); "chatml-minimal" = ChatML without it (the shortest prompt,
@@ -291,7 +304,10 @@ class EvalConfig:
     max_tasks: int = 0
     """Tasks per split (0 = all)."""
     sampled_n: int = 1
-    """Sampled episodes per task for sampled EM (greedy is always 1)."""
+    """Sampled episodes per task for sampled EM (greedy is always 1; 0 = greedy only)."""
+    before: bool = True
+    """Evaluate before RL too. Off for RL runs that start from an already evaluated
+    checkpoint (e.g. one warm start shared by several algorithms)."""
     temperature: float = 1.0
     """Temperature of sampled evaluation."""
 
@@ -358,6 +374,8 @@ class Config:
             errors.append("sft.demo_worlds must be >= 0 (0 = the task's own questions)")
         if not 0 <= self.sft.early_answer_prob <= 1:
             errors.append("sft.early_answer_prob is a probability: it must be in [0, 1]")
+        if self.eval.sampled_n < 0:
+            errors.append("eval.sampled_n must be >= 0 (0 = greedy evaluation only)")
         if self.sft.context_loss_weight < 0:
             errors.append(
                 "sft.context_loss_weight must be >= 0: a negative weight would train the model "

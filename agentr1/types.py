@@ -17,7 +17,7 @@ The mask contract (DESIGN.md §1), stated once and enforced where tokens are app
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -366,6 +366,15 @@ class RolloutBatch:
     @property
     def size(self) -> int:
         return int(self.input_ids_BT.shape[0])
+
+    def to(self, device: torch.device | str) -> RolloutBatch:
+        """The same batch with every tensor on ``device`` (self when already there)."""
+        import torch  # only here: this module stays importable without torch
+
+        if self.input_ids_BT.device == torch.device(device):
+            return self
+        moved = {f.name: getattr(self, f.name).to(device) for f in fields(self)}
+        return RolloutBatch(**moved)
 
 
 @dataclass

@@ -30,7 +30,9 @@ class ValueModel(nn.Module):
         import copy
 
         backbone, _ = backbone_and_head(policy)
-        return cls(copy.deepcopy(backbone), int(policy.config.hidden_size))
+        critic = cls(copy.deepcopy(backbone), int(policy.config.hidden_size))
+        # The fresh value head starts on the CPU: follow the backbone's device.
+        return critic.to(next(backbone.parameters()).device)
 
     def forward(self, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor) -> torch.Tensor:
         """Values aligned with tokens. [B, T] float32"""

@@ -46,7 +46,7 @@ from agentr1.trainer.checkpoint import (
 from agentr1.trainer.critic import ValueModel
 from agentr1.trainer.logprobs import token_logprobs
 from agentr1.trainer.run import RunDir
-from agentr1.trainer.setup import Setup, build_setup
+from agentr1.trainer.setup import Setup, build_setup, train_autocast
 from agentr1.trainer.sft import sft_train
 from agentr1.trainer.update import UpdateBatch, rl_update
 from agentr1.types import Task, Trajectory
@@ -148,7 +148,19 @@ def _masks(batch: Any, cfg: Config) -> tuple[torch.Tensor, torch.Tensor]:
 def score_batch(
     s: TrainState, batch: Any, train_mask_BT: torch.Tensor, timer: Timer
 ) -> dict[str, Any]:
-    """Reference log-probs, critic values and (when off-policy) old log-probs. [B, T] each."""
+    """Reference log-probs, critic values and (when off-policy) old log-probs. [B, T] each.
+
+    On-policy (one epoch, one minibatch) the update takes the old log-probs from its own
+    forward pass (ratio 1), never from the sampler, so a bf16 sampler copy changes nothing
+    there."""
+    cfg = s.setup.cfg
+    with train_autocast(cfg, s.setup.policy):
+        return _score_batch(s, batch, train_mask_BT, timer)
+
+
+def _score_batch(
+    s: TrainState, batch: Any, train_mask_BT: torch.Tensor, timer: Timer
+) -> dict[str, Any]:
     cfg = s.setup.cfg
     temp = cfg.rollout.temperature
     out: dict[str, Any] = {"ref": None, "values": None, "old": None}
@@ -224,7 +236,7 @@ def rl_step(s: TrainState, run: RunDir) -> dict[str, float]:
     timer = Timer()
     t0 = time.perf_counter()
     groups, stats = sample_rollouts(s, timer)
-    batch = collate_groups(groups, s.setup.pad_id)
+    batch = collate_groups(groups, s.setup.pad_id).to(s.setup.policy.device)
     train_mask_BT, adv_mask_BT = _masks(batch, cfg)
     scored = score_batch(s, batch, train_mask_BT, timer)
     with timer("advantage"):
@@ -240,7 +252,7 @@ def rl_step(s: TrainState, run: RunDir) -> dict[str, float]:
         old_values_BT=scored["values"],
     )
     train_policy = s.step >= cfg.algo.critic_warmup_steps or s.critic is None
-    with timer("update"):
+    with timer("update"), train_autocast(cfg, s.setup.policy):
         upd = rl_update(
             s.setup.policy,
             s.optimizer,
@@ -254,6 +266,8 @@ def rl_step(s: TrainState, run: RunDir) -> dict[str, float]:
             critic_optimizer=s.critic_optimizer,
             train_policy=train_policy,
         )
+    with timer("sync_sampler"):
+        s.setup.sync_sampler()
     metrics = {"step": float(s.step), **rollout_metrics(groups, stats), **kl_metrics, **upd}
     if scored["old"] is not None:
         # Token in, token out: the trainer's log-probs should match the sampler's.
@@ -378,18 +392,20 @@ def warm_start(setup: Setup, run: RunDir) -> dict[str, float]:
     multi_em = sum(t.metrics["em"] for t in multi) / max(1, len(multi))
     t1 = time.perf_counter()
     bar = run.progress(sft.steps, "SFT warm start")
-    losses = sft_train(
-        setup.policy,
-        demos,
-        sft.steps,
-        sft.batch_size,
-        sft.lr,
-        setup.pad_id,
-        cfg.train.seed,
-        on_step=lambda i, loss: bar.update_with(loss=loss),
-        context_weight=sft.context_loss_weight,
-    )
+    with train_autocast(cfg, setup.policy):
+        losses = sft_train(
+            setup.policy,
+            demos,
+            sft.steps,
+            sft.batch_size,
+            sft.lr,
+            setup.pad_id,
+            cfg.train.seed,
+            on_step=lambda i, loss: bar.update_with(loss=loss),
+            context_weight=sft.context_loss_weight,
+        )
     bar.close()
+    setup.sync_sampler()
     info = {
         "sft/demo_em": demo_em,
         "sft/demo_multihop_em": multi_em,
@@ -414,6 +430,8 @@ def run_eval(setup: Setup, label: str) -> dict[str, dict[str, EvalResult]]:
         out["greedy"][split] = evaluate(
             tasks, setup.make_env, setup.generator, setup.chat, cfg.rollout, 0.0, 1, seed=1
         )
+        if cfg.eval.sampled_n == 0:
+            continue
         out["sampled"][split] = evaluate(
             tasks,
             setup.make_env,
@@ -446,12 +464,14 @@ def train(cfg: Config, resume: bool = False, stop_after: int | None = None) -> d
     setup = build_setup(cfg)
     state = make_state(setup)
     meta = restore(state, run) if resume else None
+    setup.sync_sampler()  # a restored policy (or none: a no-op for a fresh copy)
     summary: dict[str, Any] = dict(meta.get("summary", {})) if meta else {}
     if meta is None:
         if cfg.sft.enabled:
             summary["sft"] = warm_start(setup, run)
-        summary["eval_before"] = eval_record(run_eval(setup, "before RL"))
-        run.log_metrics({"phase": "eval_before", **summary["eval_before"]})
+        if cfg.eval.before:
+            summary["eval_before"] = eval_record(run_eval(setup, "before RL"))
+            run.log_metrics({"phase": "eval_before", **summary["eval_before"]})
         # Reference = the warm-started policy, so KL pulls toward it, not the random init.
         if state.reference is not None:
             state.reference.load_state_dict(setup.policy.state_dict())
@@ -478,7 +498,10 @@ def train(cfg: Config, resume: bool = False, stop_after: int | None = None) -> d
         if cfg.train.checkpoint_every and state.step % cfg.train.checkpoint_every == 0:
             checkpoint(state, run, {"summary": summary})
     bar.close()
-    summary["eval_after"] = eval_record(run_eval(setup, "after RL"))
+    if state.step == 0 and "eval_before" in summary:  # no RL step: the same weights
+        summary["eval_after"] = summary["eval_before"]
+    else:
+        summary["eval_after"] = eval_record(run_eval(setup, "after RL"))
     run.log_metrics({"phase": "eval_after", **summary["eval_after"]})
     summary["minutes"] = (time.perf_counter() - t_start) / 60
     summary["steps"] = state.step

@@ -3,6 +3,8 @@ chat format and generator. The only place (with the CLI) that knows every layer.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import dataclasses
 import hashlib
 import json
@@ -48,6 +50,17 @@ class Setup:
     model_dir: Path
     demo_fn: Callable[[float, int, bool], list[tuple[list[Task], Any, Any]]] | None = None
     """Replaces the world's demonstration sources (task.kind = "qa": supporting facts)."""
+
+    @property
+    def sampler_is_policy(self) -> bool:
+        """Whether the generator samples from the policy's own weights (not a copy)."""
+        return self.generator.model is self.policy
+
+    def sync_sampler(self) -> None:
+        """Copy the policy's weights into the sampler's copy (no-op when they are shared).
+        Call after every change to the policy's weights."""
+        if not self.sampler_is_policy:
+            self.generator.model.load_state_dict(self.policy.state_dict())
 
     def demo_sources(
         self, early_answer_prob: float, seed: int, notes: bool = True
@@ -150,7 +163,38 @@ def load_policy(cfg: Config, path: str) -> tuple[Any, ChatFormat, Any, HFGenerat
 
     tokenizer = load_tokenizer(path)
     dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
-    policy = load_model(path, dtype=dtype)
+    policy = load_model(path, dtype=dtype, device=resolve_device(cfg.model.device))
     chat = ChatFormat.from_hf(tokenizer, chat_template=TEMPLATES[cfg.model.chat_template])
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else chat.end_of_turn_id
-    return tokenizer, chat, policy, HFGenerator(policy, tokenizer), pad_id
+    sampler = policy
+    if cfg.model.sampler_dtype == "bfloat16" and dtype != torch.bfloat16:
+        sampler = copy.deepcopy(policy).to(torch.bfloat16).eval()
+        sampler.requires_grad_(False)
+    return tokenizer, chat, policy, HFGenerator(sampler, tokenizer), pad_id
+
+
+def resolve_device(spec: str) -> torch.device:
+    """``model.device`` as a torch device ("auto" = CUDA when available, else CPU).
+
+    Raises:
+        ValueError: a CUDA device asked for on a machine without one, or a bad name.
+    """
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(spec)
+    except RuntimeError as e:
+        raise ValueError(f"model.device={spec!r}: expected auto, cpu, cuda or cuda:N") from e
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"model.device={spec!r}: this machine has no CUDA device (use auto or cpu)"
+        )
+    return device
+
+
+def train_autocast(cfg: Config, model: Any) -> contextlib.AbstractContextManager[Any]:
+    """The autocast context of the training passes (``model.compute_dtype``); a no-op
+    unless it asks for bfloat16 compute on non-bfloat16 weights."""
+    enabled = cfg.model.compute_dtype == "bfloat16" and cfg.model.dtype != "bfloat16"
+    device = next(model.parameters()).device.type
+    return torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=enabled)

@@ -91,6 +91,7 @@ def sft_train(
             batches = length_bucketed_batches([len(d.token_ids) for d in demos], batch_size, rng)
         idx = batches.pop()
         batch = collate([demos[i] for i in idx], list(range(len(idx))), pad_id)
+        batch = batch.to(next(model.parameters()).device)
         agent_BT = batch.loss_mask_BT
         context_BT = batch.attention_mask_BT.to(agent_BT.dtype) * (1 - agent_BT)
         select_BT = agent_BT if context_weight == 0 else agent_BT + context_BT
