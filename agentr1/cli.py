@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 from typing import Any
 
 from agentr1.configutil import ConfigError
@@ -97,15 +98,30 @@ def _add_eval_parser(sub: Any) -> None:
     p.add_argument("--out", default="runs/eval", help="writes results.json and results.md here")
 
 
+def data_corpus(entries: list[str], data_dir: str | None, wiki: bool) -> list[Any]:
+    """The corpus a QA run builds from question files: every context paragraph of the
+    files (or dataset folders) ``entries`` under ``data_dir`` (default: the raw data
+    root), plus the Wikipedia distractors with ``wiki``; ids as in training
+    (`agentr1.data.paragraph_id`), so a served corpus matches an in-process one."""
+    from agentr1.data import corpus_paragraphs, default_data_dir
+    from agentr1.trainer.qa_setup import Loader, resolve_entry, wiki_files
+
+    root = Path(data_dir).expanduser() if data_dir else default_data_dir()
+    load = Loader()
+    files = dict.fromkeys(p for e in entries for p in resolve_entry(e, root, "--data", load))
+    return corpus_paragraphs((s for p in files for s in load(p)), wiki_files(root) if wiki else [])
+
+
 def _serve_retriever(args: argparse.Namespace) -> int:
     """``agentr1 serve retriever``: build the retriever, then serve it until interrupted."""
     from agentr1.retrieval.server import ServerLimits, build_retriever, load_corpus_jsonl, serve
 
-    # Hook: a named default corpus (``--data``, via agentr1.data) plugs in here as a second
-    # source of passages; for now the corpus is a JSONL file of {id, title, text}.
     try:
         ServerLimits(args.max_batch, args.max_query_chars, args.max_top_k)
-        passages = load_corpus_jsonl(args.corpus)
+        if args.corpus:
+            passages = load_corpus_jsonl(args.corpus)
+        else:
+            passages = data_corpus(args.data, args.data_dir, args.wiki)
     except (OSError, ValueError) as e:
         print(f"agentr1: {e}", file=sys.stderr)
         return 2
@@ -141,7 +157,19 @@ def main(argv: list[str] | None = None) -> int:
     _add_eval_parser(sub)
     p_serve = sub.add_parser("serve", help="serve a retriever over HTTP (127.0.0.1 by default)")
     p_serve.add_argument("what", choices=["retriever"])
-    p_serve.add_argument("--corpus", required=True, help="JSONL, one {id, title, text} a line")
+    corpus = p_serve.add_mutually_exclusive_group(required=True)
+    corpus.add_argument("--corpus", help="JSONL, one {id, title, text} a line")
+    corpus.add_argument(
+        "--data",
+        nargs="+",
+        metavar="ENTRY",
+        help="question files or dataset folders (e.g. hotpotqa 2wikimultihopqa musique): "
+        "serve their context paragraphs, as a task.kind=qa run builds its corpus",
+    )
+    p_serve.add_argument("--data-dir", default=None, help="raw data root for --data entries")
+    p_serve.add_argument(
+        "--wiki", action="store_true", help="with --data: add the Wikipedia extras"
+    )
     p_serve.add_argument("--kind", choices=["bm25", "dense", "hybrid"], default="bm25")
     p_serve.add_argument("--model", default=None, help="dense model dir or hub id")
     p_serve.add_argument("--host", default="127.0.0.1", help="interface (no auth: keep loopback)")
