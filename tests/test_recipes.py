@@ -33,7 +33,9 @@ def test_recipe_loads_and_validates(path: Path) -> None:
 
 def test_paper_recipe_is_the_papers_setting() -> None:
     cfg = recipe("qwen2.5-3b-paper.yaml")
-    assert cfg.model.path == "Qwen/Qwen2.5-3B-Instruct" and cfg.model.dtype == "bfloat16"
+    m = cfg.model
+    assert m.path == "Qwen/Qwen2.5-3B-Instruct" and m.device == "auto"
+    assert (m.dtype, m.compute_dtype, m.sampler_dtype) == ("float32", "bfloat16", "bfloat16")
     assert cfg.task.kind == "qa" and cfg.task.top_k == 5 and cfg.task.qa.retriever == "dense"
     assert cfg.train.tasks_per_step == 128 and cfg.train.steps == 400
     assert cfg.algo.estimator == "grpo" and cfg.rollout.n_samples == 5
@@ -52,6 +54,7 @@ def test_smollm2_recipe_is_sized_for_cpu() -> None:
     r = cfg.rollout
     assert (r.max_turns, r.max_tokens_per_turn, r.max_context) == (3, 128, 1024)
     assert cfg.task.qa.n_eval == 100 and cfg.eval.splits == ("hotpotqa", "2wiki", "musique")
+    assert (cfg.model.compute_dtype, cfg.model.sampler_dtype) == ("bfloat16", "bfloat16")
 
 
 def test_qa_validation_names_the_problem() -> None:
