@@ -95,3 +95,68 @@ def test_eval_switches(tmp_path: Path) -> None:
         )
     )
     assert "eval_before" not in skip and skip["eval_after"]["greedy"]
+
+
+def test_sft_under_bf16_autocast_learns_like_fp32() -> None:
+    """Autocast caches bf16 copies of the weights until its context exits: one context
+    around many optimizer steps would compute every step with the first weights and the
+    loss would not fall. sft_train enters it per step."""
+    from agentr1.trainer.sft import sft_train
+    from agentr1.types import Trajectory
+    from tests.tiny_models import tiny_llama
+
+    def demo() -> Trajectory:
+        t = Trajectory(task_id="x")
+        t.append_prompt([5, 6, 7])
+        t.append_sampled([8, 9, 10], [0.0] * 3, "")
+        t.append_inserted([11, 12])
+        t.append_sampled([13, 14], [0.0] * 2, "")
+        return t
+
+    def autocast() -> torch.autocast:
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+
+    fp32 = sft_train(tiny_llama(), [demo()], steps=30, batch_size=1, lr=1e-2, pad_id=0, seed=0)
+    bf16 = sft_train(
+        tiny_llama(), [demo()], steps=30, batch_size=1, lr=1e-2, pad_id=0, seed=0, autocast=autocast
+    )
+    assert bf16[-1] < 0.2 * bf16[0]
+    assert bf16[-1] == pytest.approx(fp32[-1], abs=0.1)
+
+
+def test_rl_update_under_autocast_uses_fresh_weights_every_optimizer_step() -> None:
+    """20 epochs = 20 optimizer steps in one update: each must see the weights after the
+    one before. With a stale autocast cache every epoch would score the first weights,
+    and the mean policy loss would stay at its first value (-1: ratio 1, advantage 1).
+    Only the linear layers train: embeddings and norms are not cast, so their updates
+    would show through a stale cache."""
+    from agentr1.config import AlgoConfig, OptimConfig
+    from agentr1.trainer.logprobs import token_logprobs
+    from agentr1.trainer.update import UpdateBatch, rl_update
+    from tests.tiny_models import tiny_llama
+
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    mask = torch.tensor([[0, 0, 0, 1, 1, 1]], dtype=torch.float32)
+    losses = {}
+    for tag, ctx in (("fp32", None), ("bf16", lambda: torch.autocast("cpu", torch.bfloat16))):
+        model = tiny_llama()
+        for name, p in model.named_parameters():  # train only what autocast casts
+            p.requires_grad_("proj" in name)
+        with torch.no_grad():
+            old, _ = token_logprobs(model, ids, torch.ones_like(ids), mask)
+        batch = UpdateBatch(ids, torch.ones_like(ids), mask, mask, old)
+        kwargs = {} if ctx is None else {"autocast": ctx}
+        out = rl_update(
+            model,
+            torch.optim.SGD(model.parameters(), lr=1.0),
+            None,
+            batch,
+            AlgoConfig(),
+            OptimConfig(ppo_epochs=20),
+            temperature=1.0,
+            generator=torch.Generator().manual_seed(0),
+            **kwargs,
+        )
+        losses[tag] = out["policy_loss"]
+    assert losses["fp32"] < -1.05  # the ratio rose over the epochs
+    assert losses["bf16"] == pytest.approx(losses["fp32"], abs=0.03)

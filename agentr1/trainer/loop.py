@@ -252,7 +252,7 @@ def rl_step(s: TrainState, run: RunDir) -> dict[str, float]:
         old_values_BT=scored["values"],
     )
     train_policy = s.step >= cfg.algo.critic_warmup_steps or s.critic is None
-    with timer("update"), train_autocast(cfg, s.setup.policy):
+    with timer("update"):
         upd = rl_update(
             s.setup.policy,
             s.optimizer,
@@ -265,6 +265,7 @@ def rl_step(s: TrainState, run: RunDir) -> dict[str, float]:
             critic=s.critic,
             critic_optimizer=s.critic_optimizer,
             train_policy=train_policy,
+            autocast=lambda: train_autocast(cfg, s.setup.policy),
         )
     with timer("sync_sampler"):
         s.setup.sync_sampler()
@@ -392,18 +393,18 @@ def warm_start(setup: Setup, run: RunDir) -> dict[str, float]:
     multi_em = sum(t.metrics["em"] for t in multi) / max(1, len(multi))
     t1 = time.perf_counter()
     bar = run.progress(sft.steps, "SFT warm start")
-    with train_autocast(cfg, setup.policy):
-        losses = sft_train(
-            setup.policy,
-            demos,
-            sft.steps,
-            sft.batch_size,
-            sft.lr,
-            setup.pad_id,
-            cfg.train.seed,
-            on_step=lambda i, loss: bar.update_with(loss=loss),
-            context_weight=sft.context_loss_weight,
-        )
+    losses = sft_train(
+        setup.policy,
+        demos,
+        sft.steps,
+        sft.batch_size,
+        sft.lr,
+        setup.pad_id,
+        cfg.train.seed,
+        on_step=lambda i, loss: bar.update_with(loss=loss),
+        context_weight=sft.context_loss_weight,
+        autocast=lambda: train_autocast(cfg, setup.policy),
+    )
     bar.close()
     setup.sync_sampler()
     info = {

@@ -14,6 +14,7 @@ import logging
 import math
 import random
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
@@ -60,6 +61,7 @@ def sft_train(
     seed: int,
     on_step: Callable[[int, float], None] | None = None,
     context_weight: float = 0.0,
+    autocast: Callable[[], AbstractContextManager[Any]] = nullcontext,
 ) -> list[float]:
     """Train ``model`` in place for ``steps`` AdamW steps; returns the loss per step.
 
@@ -69,6 +71,11 @@ def sft_train(
     The learning rate warms up linearly over the first 5% of steps, then decays on a
     cosine to 10% of ``lr``.
     Non-finite losses skip the step (logged), as in RL.
+
+    ``autocast`` makes the context of each step's forward and backward (e.g.
+    `agentr1.trainer.setup.train_autocast`). It is entered per step on purpose: autocast
+    caches its low-precision copies of the weights until its context exits, so one context
+    around several optimizer steps would keep computing with the first step's weights.
     """
     if not demos:
         raise ValueError("SFT needs at least one demonstration trajectory")
@@ -95,19 +102,22 @@ def sft_train(
         agent_BT = batch.loss_mask_BT
         context_BT = batch.attention_mask_BT.to(agent_BT.dtype) * (1 - agent_BT)
         select_BT = agent_BT if context_weight == 0 else agent_BT + context_BT
-        lp_BT, _ = token_logprobs(model, batch.input_ids_BT, batch.attention_mask_BT, select_BT)
-        agent_loss = -masked_aggregate(lp_BT, agent_BT, "token-mean")
-        loss = agent_loss
-        if context_weight:
-            # Position 0 has no prediction; token_logprobs leaves it at 0.
-            context_BT[:, 0] = 0
-            loss = loss - context_weight * masked_aggregate(lp_BT, context_BT, "token-mean")
         opt.zero_grad(set_to_none=True)
-        if not torch.isfinite(loss):
+        with autocast():
+            lp_BT, _ = token_logprobs(model, batch.input_ids_BT, batch.attention_mask_BT, select_BT)
+            agent_loss = -masked_aggregate(lp_BT, agent_BT, "token-mean")
+            loss = agent_loss
+            if context_weight:
+                # Position 0 has no prediction; token_logprobs leaves it at 0.
+                context_BT[:, 0] = 0
+                loss = loss - context_weight * masked_aggregate(lp_BT, context_BT, "token-mean")
+            finite = bool(torch.isfinite(loss))
+            if finite:
+                loss.backward()
+        if not finite:
             log.warning("SFT step %d: non-finite loss, step skipped", step)
             losses.append(math.nan)
             continue
-        loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -79,8 +80,13 @@ def rl_update(
     critic: Any | None = None,
     critic_optimizer: torch.optim.Optimizer | None = None,
     train_policy: bool = True,
+    autocast: Callable[[], AbstractContextManager[Any]] = nullcontext,
 ) -> dict[str, float]:
-    """K epochs x minibatches of PPO-clip steps (and critic steps when a critic is given)."""
+    """K epochs x minibatches of PPO-clip steps (and critic steps when a critic is given).
+
+    ``autocast`` makes the context of each optimizer step's forward and backward passes
+    (e.g. `agentr1.trainer.setup.train_autocast`).
+    """
     B = batch.input_ids_BT.shape[0]
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
@@ -96,96 +102,99 @@ def rl_update(
     for _epoch in range(optim.ppo_epochs):
         perm = torch.randperm(B, generator=generator)
         for mb_idx in perm.chunk(optim.minibatches):
-            mb = batch.rows(mb_idx)
-            denom = aggregation_weight(mb.loss_mask_BT, algo.agg_mode).clamp(min=1.0)
-            optimizer.zero_grad(set_to_none=True)
-            if critic_optimizer is not None:
-                critic_optimizer.zero_grad(set_to_none=True)
-            bad = False
-            # Micro-batches of similar length pad less; the accumulated gradient is the
-            # same whatever the split (weights below), so sorting is free accuracy-wise.
-            by_len = torch.argsort(mb.attention_mask_BT.sum(-1), stable=True)
-            for micro_idx in by_len.split(optim.micro_batch_size):
-                mc = _trim(mb.rows(micro_idx))
-                w = float(aggregation_weight(mc.loss_mask_BT, algo.agg_mode) / denom)
-                if w == 0.0:
-                    continue
-                loss = torch.zeros(())
-                if train_policy:
-                    lp_BT, ent_BT = token_logprobs(
-                        policy,
-                        mc.input_ids_BT,
-                        mc.attention_mask_BT,
-                        mc.loss_mask_BT,
-                        temperature=temperature,
-                        with_entropy=True,
-                    )
-                    old_BT = (
-                        mc.old_logprobs_BT if mc.old_logprobs_BT is not None else lp_BT.detach()
-                    )
-                    pl, pm = policy_loss_ppo(
-                        lp_BT,
-                        old_BT,
-                        mc.advantages_BT,
-                        mc.loss_mask_BT,
-                        clip_low=algo.clip_low,
-                        clip_high=algo.clip_high,
-                        dual_clip_c=algo.dual_clip,
-                        agg_mode=algo.agg_mode,
-                    )
-                    loss = loss + pl
-                    ent = masked_aggregate(ent_BT, mc.loss_mask_BT, algo.agg_mode)
-                    if algo.entropy_coef > 0:
-                        loss = loss - algo.entropy_coef * ent
-                    if (
-                        algo.kl_coef > 0
-                        and algo.kl_mode == "k3_loss"
-                        and mc.ref_logprobs_BT is not None
-                    ):
-                        kl = kl_loss(
-                            lp_BT, mc.ref_logprobs_BT, mc.loss_mask_BT, "k3", algo.agg_mode
-                        )
-                        loss = loss + algo.kl_coef * kl
-                        add("kl", kl.item())
-                    add("policy_loss", pl.item())
-                    add("entropy", ent.item())
-                    for k, v in pm.items():
-                        add(k, float(v))
-                if (
-                    critic is not None
-                    and mc.returns_BT is not None
-                    and mc.old_values_BT is not None
-                ):
-                    v_BT = critic(mc.input_ids_BT, mc.attention_mask_BT)
-                    vl, vm = value_loss(
-                        v_BT,
-                        mc.old_values_BT,
-                        mc.returns_BT,
-                        mc.loss_mask_BT,
-                        clip_range=algo.value_clip,
-                        agg_mode=algo.agg_mode,
-                    )
-                    loss = loss + vl
-                    add("vf_clipfrac", float(vm["vf_clipfrac"]))
-                    add("value_loss", vl.item())
-                if not torch.isfinite(loss):
-                    bad = True
-                    break
-                (loss * w).backward()
-            if bad or not _finite_grads(params + cparams):
-                skipped += 1
-                log.warning("non-finite loss or gradient: update skipped, weights unchanged")
+            # One autocast context per optimizer step: autocast caches its low-precision
+            # copies of the weights until the context exits.
+            with autocast():
+                mb = batch.rows(mb_idx)
+                denom = aggregation_weight(mb.loss_mask_BT, algo.agg_mode).clamp(min=1.0)
                 optimizer.zero_grad(set_to_none=True)
                 if critic_optimizer is not None:
                     critic_optimizer.zero_grad(set_to_none=True)
-                continue
-            if train_policy:
-                gn = torch.nn.utils.clip_grad_norm_(params, optim.grad_clip)
-                add("grad_norm", float(gn))
-                optimizer.step()
-            if critic_optimizer is not None:
-                torch.nn.utils.clip_grad_norm_(cparams, optim.grad_clip)
-                critic_optimizer.step()
+                bad = False
+                # Micro-batches of similar length pad less; the accumulated gradient is the
+                # same whatever the split (weights below), so sorting is free accuracy-wise.
+                by_len = torch.argsort(mb.attention_mask_BT.sum(-1), stable=True)
+                for micro_idx in by_len.split(optim.micro_batch_size):
+                    mc = _trim(mb.rows(micro_idx))
+                    w = float(aggregation_weight(mc.loss_mask_BT, algo.agg_mode) / denom)
+                    if w == 0.0:
+                        continue
+                    loss = torch.zeros(())
+                    if train_policy:
+                        lp_BT, ent_BT = token_logprobs(
+                            policy,
+                            mc.input_ids_BT,
+                            mc.attention_mask_BT,
+                            mc.loss_mask_BT,
+                            temperature=temperature,
+                            with_entropy=True,
+                        )
+                        old_BT = (
+                            mc.old_logprobs_BT if mc.old_logprobs_BT is not None else lp_BT.detach()
+                        )
+                        pl, pm = policy_loss_ppo(
+                            lp_BT,
+                            old_BT,
+                            mc.advantages_BT,
+                            mc.loss_mask_BT,
+                            clip_low=algo.clip_low,
+                            clip_high=algo.clip_high,
+                            dual_clip_c=algo.dual_clip,
+                            agg_mode=algo.agg_mode,
+                        )
+                        loss = loss + pl
+                        ent = masked_aggregate(ent_BT, mc.loss_mask_BT, algo.agg_mode)
+                        if algo.entropy_coef > 0:
+                            loss = loss - algo.entropy_coef * ent
+                        if (
+                            algo.kl_coef > 0
+                            and algo.kl_mode == "k3_loss"
+                            and mc.ref_logprobs_BT is not None
+                        ):
+                            kl = kl_loss(
+                                lp_BT, mc.ref_logprobs_BT, mc.loss_mask_BT, "k3", algo.agg_mode
+                            )
+                            loss = loss + algo.kl_coef * kl
+                            add("kl", kl.item())
+                        add("policy_loss", pl.item())
+                        add("entropy", ent.item())
+                        for k, v in pm.items():
+                            add(k, float(v))
+                    if (
+                        critic is not None
+                        and mc.returns_BT is not None
+                        and mc.old_values_BT is not None
+                    ):
+                        v_BT = critic(mc.input_ids_BT, mc.attention_mask_BT)
+                        vl, vm = value_loss(
+                            v_BT,
+                            mc.old_values_BT,
+                            mc.returns_BT,
+                            mc.loss_mask_BT,
+                            clip_range=algo.value_clip,
+                            agg_mode=algo.agg_mode,
+                        )
+                        loss = loss + vl
+                        add("vf_clipfrac", float(vm["vf_clipfrac"]))
+                        add("value_loss", vl.item())
+                    if not torch.isfinite(loss):
+                        bad = True
+                        break
+                    (loss * w).backward()
+                if bad or not _finite_grads(params + cparams):
+                    skipped += 1
+                    log.warning("non-finite loss or gradient: update skipped, weights unchanged")
+                    optimizer.zero_grad(set_to_none=True)
+                    if critic_optimizer is not None:
+                        critic_optimizer.zero_grad(set_to_none=True)
+                    continue
+                if train_policy:
+                    gn = torch.nn.utils.clip_grad_norm_(params, optim.grad_clip)
+                    add("grad_norm", float(gn))
+                    optimizer.step()
+                if critic_optimizer is not None:
+                    torch.nn.utils.clip_grad_norm_(cparams, optim.grad_clip)
+                    critic_optimizer.step()
     if train_policy and scheduler is not None:
         scheduler.step()
     out = {k: sums[k] / counts[k] for k in sums}
