@@ -1,0 +1,255 @@
+"""The paper's table on real data, on this CPU: Base Tool Call, Naive RAG, the SFT warm
+start, GRPO and PPO, all greedy on the same HotpotQA / 2Wiki / MuSiQue eval questions.
+
+    .venv/bin/python benchmarks/multihop_real.py all                   # everything
+    .venv/bin/python benchmarks/multihop_real.py all train.steps=10    # overrides, every phase
+    .venv/bin/python benchmarks/multihop_real.py rl --variant ppo      # one phase
+
+Phases (``all`` runs them in this order; each is also a subcommand):
+
+1. ``baselines``: the untrained model; Naive RAG with ``--rag-top-k`` passages, and Base
+   Tool Call = the same multi-turn eval the trained models get;
+2. ``warm``: the recipe's SFT warm start, then its eval;
+3. ``rl --variant grpo`` and ``rl --variant ppo`` from that same warm start (same steps,
+   same questions);
+4. ``report``: ``ROOT/results.md`` (+ ``results.json``) and the curves
+   ``docs/multihop_smollm2_training.png``.
+
+A phase whose output exists is skipped, so an interrupted ``all`` continues where it
+stopped (an RL phase resumes from its last checkpoint).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from agentr1.config import Config, load_config
+
+RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "multihop_smollm2.yaml"
+VARIANTS = {"grpo": ["algo.estimator=grpo"], "ppo": ["algo.estimator=gae"]}
+LABELS = {"hotpotqa": "HotpotQA", "2wiki": "2Wiki", "musique": "MuSiQue (OOD)"}
+
+
+def config(args: argparse.Namespace, extra: list[str]) -> Config:
+    return load_config(args.recipe, [*args.overrides, *extra])
+
+
+def baselines(args: argparse.Namespace) -> None:
+    """Naive RAG and Base Tool Call with the untrained model -> ROOT/baselines.json."""
+    from agentr1.eval.baselines import naive_rag
+    from agentr1.eval.evaluate import evaluate
+    from agentr1.trainer.setup import build_setup
+
+    out = args.root / "baselines.json"
+    if out.exists():
+        return
+    cfg = config(args, [])
+    setup = build_setup(cfg)
+    setup.policy.eval()
+    res: dict[str, Any] = {"naive_rag": {}, "tool_call": {}, "rag_top_k": args.rag_top_k}
+    for split in cfg.eval.splits:
+        tasks = setup.tasks[split]
+        t0 = time.perf_counter()
+        rag = naive_rag(
+            tasks,
+            setup.make_env.retriever,
+            setup.generator,
+            setup.chat,
+            top_k=args.rag_top_k,
+            rollout=cfg.rollout,
+        )
+        tool = evaluate(tasks, setup.make_env, setup.generator, setup.chat, cfg.rollout, 0.0, 1, 1)
+        res["naive_rag"][split] = {"by_group": rag.by_group, "stop_reasons": rag.stop_reasons}
+        res["tool_call"][split] = {"by_group": tool.by_group, "stop_reasons": tool.stop_reasons}
+        print(
+            f"{split}: naive RAG EM {rag.em:.3f}, tool call EM {tool.em:.3f} "
+            f"({time.perf_counter() - t0:.0f} s)",
+            flush=True,
+        )
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(res, indent=1))
+    tmp.replace(out)
+
+
+def warm(args: argparse.Namespace) -> None:
+    """The recipe's SFT warm start and its eval -> ROOT/warm_start/."""
+    from agentr1.trainer.loop import train
+
+    run_dir = args.root / "warm_start"
+    if (run_dir / "summary.json").exists():
+        return
+    train(config(args, ["train.steps=0", f"train.run_dir={run_dir}"]))
+
+
+def rl(args: argparse.Namespace) -> None:
+    """RL (``args.variant``) from the shared warm start -> ROOT/<variant>/."""
+    from agentr1.trainer.loop import train
+
+    run_dir = args.root / args.variant
+    if (run_dir / "summary.json").exists():
+        return
+    extra = [
+        *VARIANTS[args.variant],
+        f"model.path={args.root / 'warm_start' / 'final_model'}",
+        "sft.enabled=false",
+        "eval.before=false",
+        f"train.run_dir={run_dir}",
+    ]
+    train(config(args, extra), resume=(run_dir / "checkpoints").is_dir())
+
+
+def _run_phase(args: argparse.Namespace, phase: list[str]) -> None:
+    """This script with ``phase`` in a child process (its own memory, every core); output
+    goes to ``ROOT/<phase>.log``. Exits naming the log when the phase fails."""
+    cmd = [sys.executable, __file__, *phase, "--root", str(args.root), "--recipe", args.recipe]
+    log_path = args.root / f"{phase[0]}{'_' + phase[-1] if len(phase) > 1 else ''}.log"
+    print(f"started {' '.join(phase)} (log: {log_path})", flush=True)
+    with open(log_path, "a", encoding="utf-8") as log:
+        rc = subprocess.call([*cmd, *args.overrides], stdout=log, stderr=subprocess.STDOUT)
+    if rc != 0:
+        raise SystemExit(f"failed: {' '.join(phase)} (exit {rc}); see {log_path}")
+
+
+def run_all(args: argparse.Namespace) -> None:
+    """Every phase, one after another: two RL runs side by side would need twice the
+    memory and share the same cores anyway."""
+    t0 = time.perf_counter()
+    for phase in (["baselines"], ["warm"], *[["rl", "--variant", v] for v in VARIANTS]):
+        _run_phase(args, phase)
+        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
+        print(
+            f"{' '.join(phase)} done at {(time.perf_counter() - t0) / 60:.1f} min "
+            f"(largest phase so far: {peak:.1f} GiB RSS)",
+            flush=True,
+        )
+    report(args)
+
+
+# ---------------------------------------------------------------------------- report
+def _rows(args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
+    """(row label, split -> by_group) in the paper's order; missing phases are left out."""
+    rows: list[tuple[str, dict[str, Any]]] = []
+    base = args.root / "baselines.json"
+    if base.exists():
+        b = json.loads(base.read_text())
+        rows.append(("Base Tool Call", {s: r["by_group"] for s, r in b["tool_call"].items()}))
+        rows.append(
+            (
+                f"Naive RAG (top-{b['rag_top_k']})",
+                {s: r["by_group"] for s, r in b["naive_rag"].items()},
+            )
+        )
+    for name, label in (("warm_start", "SFT warm start"), ("grpo", "GRPO"), ("ppo", "PPO")):
+        path = args.root / name / "summary.json"
+        if path.exists():
+            rows.append((label, json.loads(path.read_text())["eval_after"]["greedy"]))
+    return rows
+
+
+def table(rows: list[tuple[str, dict[str, Any]]]) -> str:
+    """Markdown: EM / F1 / cover-EM per dataset, the mean EM, and tool calls per question."""
+    splits = [s for s in LABELS if any(s in r for _, r in rows)]
+    head = " | ".join(f"{LABELS[s]} EM / F1 / cover" for s in splits)
+    lines = [
+        f"| method | {head} | mean EM | tool calls / question |",
+        "|---|" + "---|" * (len(splits) + 2),
+    ]
+    for label, res in rows:
+        cells, ems, calls = [], [], []
+        for s in splits:
+            g = res.get(s, {}).get("all")
+            if g is None:
+                cells.append("")
+                continue
+            cells.append(f"{g['em']:.3f} / {g['f1']:.3f} / {g['cover_em']:.3f}")
+            ems.append(g["em"])
+            calls.append(g["tool_calls"])
+        mean = sum(ems) / len(ems) if ems else float("nan")
+        tc = sum(calls) / len(calls) if calls else float("nan")
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {mean:.3f} | {tc:.2f} |")
+    return "\n".join(lines)
+
+
+def plot(args: argparse.Namespace, out: Path) -> Path | None:
+    """GRPO and PPO training curves (5-step moving averages) as one PNG."""
+    series = {}
+    for name in VARIANTS:
+        path = args.root / name / "metrics.jsonl"
+        if path.exists():
+            rows = [json.loads(x) for x in path.read_text().splitlines()]
+            series[name] = [r for r in rows if r.get("phase") == "rl"]
+    if not any(series.values()):
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [
+        ("reward", "reward (F1 of the answer)"),
+        ("em", "EM of training rollouts"),
+        ("tool_calls", "tool calls / episode"),
+        ("response_len", "sampled tokens / episode"),
+        ("kl", "KL to the warm start"),
+        ("time/step", "seconds / step (one core)"),
+    ]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.4))
+    for ax, (key, title) in zip(axes, panels, strict=True):
+        for name, rows in series.items():
+            ys = [float(r.get(key, float("nan"))) for r in rows]
+            smooth = [
+                sum(ys[max(0, i - 4) : i + 1]) / len(ys[max(0, i - 4) : i + 1])
+                for i in range(len(ys))
+            ]
+            ax.plot([r["step"] + 1 for r in rows], smooth, label=name.upper())
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("RL step")
+    axes[0].legend()
+    fig.suptitle("SmolLM2-135M-Instruct on HotpotQA + 2Wiki (BM25 search), 5-step moving average")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=80)
+    plt.close(fig)
+    return out
+
+
+def report(args: argparse.Namespace) -> None:
+    rows = _rows(args)
+    md = table(rows)
+    (args.root / "results.md").write_text(md + "\n")
+    (args.root / "results.json").write_text(json.dumps(dict(rows), indent=1))
+    png = plot(args, Path(args.docs) / "multihop_smollm2_training.png")
+    print(md)
+    if png:
+        print(f"curves: {png}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("phase", choices=["all", "baselines", "warm", "rl", "report"])
+    ap.add_argument("--variant", choices=list(VARIANTS), help="which RL run (phase rl)")
+    ap.add_argument("--recipe", default=str(RECIPE))
+    ap.add_argument("--root", type=Path, default=Path("runs/multihop_real"))
+    ap.add_argument("--rag-top-k", type=int, default=5, help="passages in the Naive RAG prompt")
+    ap.add_argument("--docs", default=str(Path(__file__).resolve().parents[1] / "docs"))
+    ap.add_argument("overrides", nargs="*", help="section.field=value for every phase")
+    args = ap.parse_intermixed_args()
+    if args.phase == "rl" and args.variant is None:
+        ap.error("rl needs a variant: " + " | ".join(VARIANTS))
+    args.root.mkdir(parents=True, exist_ok=True)
+    {"all": run_all, "baselines": baselines, "warm": warm, "rl": rl, "report": report}[args.phase](
+        args
+    )
+
+
+if __name__ == "__main__":
+    main()
