@@ -198,7 +198,7 @@ def plot(args: argparse.Namespace, out: Path) -> Path | None:
         ("tool_calls", "tool calls / episode"),
         ("response_len", "sampled tokens / episode"),
         ("kl", "KL to the warm start"),
-        ("time/step", "seconds / step (one core)"),
+        ("time/step", "seconds / step (2 cores)"),
     ]
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.4))
     for ax, (key, title) in zip(axes, panels, strict=True):
