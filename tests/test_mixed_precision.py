@@ -160,3 +160,35 @@ def test_rl_update_under_autocast_uses_fresh_weights_every_optimizer_step() -> N
         losses[tag] = out["policy_loss"]
     assert losses["fp32"] < -1.05  # the ratio rose over the epochs
     assert losses["bf16"] == pytest.approx(losses["fp32"], abs=0.03)
+
+
+def test_last_rl_step_is_checkpointed_before_the_final_eval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process killed in the final evaluation (e.g. out of memory) keeps its RL steps:
+    the newest checkpoint is the last step even when checkpoint_every does not divide it."""
+    from agentr1.trainer import loop
+    from agentr1.trainer.checkpoint import latest_checkpoint
+
+    real_eval = loop.run_eval
+
+    def killed_after_rl(setup, label):  # type: ignore[no-untyped-def]
+        if label == "after RL":
+            raise MemoryError("killed in the final eval")
+        return real_eval(setup, label)
+
+    monkeypatch.setattr(loop, "run_eval", killed_after_rl)
+    cfg = load_config(
+        None,
+        [
+            *SMALL,
+            "sft.steps=2",
+            "train.steps=3",
+            "train.checkpoint_every=10",
+            f"train.run_dir={tmp_path}",
+        ],
+    )
+    with pytest.raises(MemoryError):
+        train(cfg)
+    newest = latest_checkpoint(tmp_path / "checkpoints")
+    assert newest is not None and newest.name == "step_000003"

@@ -499,6 +499,9 @@ def train(cfg: Config, resume: bool = False, stop_after: int | None = None) -> d
         if cfg.train.checkpoint_every and state.step % cfg.train.checkpoint_every == 0:
             checkpoint(state, run, {"summary": summary})
     bar.close()
+    if cfg.train.checkpoint_every == 0 or state.step % cfg.train.checkpoint_every:
+        # The trained weights are on disk before the final eval (which can be killed).
+        checkpoint(state, run, {"summary": summary})
     if state.step == 0 and "eval_before" in summary:  # no RL step: the same weights
         summary["eval_after"] = summary["eval_before"]
     else:
