@@ -103,13 +103,13 @@ def data_corpus(entries: list[str], data_dir: str | None, wiki: bool) -> list[An
     files (or dataset folders) ``entries`` under ``data_dir`` (default: the raw data
     root), plus the Wikipedia distractors with ``wiki``; ids as in training
     (`agentr1.data.paragraph_id`), so a served corpus matches an in-process one."""
-    from agentr1.data import corpus_paragraphs, default_data_dir
-    from agentr1.trainer.qa_setup import Loader, resolve_entry, wiki_files
+    from agentr1.data import default_data_dir
+    from agentr1.trainer.qa_setup import Loader, files_corpus, resolve_entry
 
     root = Path(data_dir).expanduser() if data_dir else default_data_dir()
     load = Loader()
-    files = dict.fromkeys(p for e in entries for p in resolve_entry(e, root, "--data", load))
-    return corpus_paragraphs((s for p in files for s in load(p)), wiki_files(root) if wiki else [])
+    files = [p for e in entries for p in resolve_entry(e, root, "--data", load)]
+    return files_corpus(files, root, wiki, load)
 
 
 def _serve_retriever(args: argparse.Namespace) -> int:

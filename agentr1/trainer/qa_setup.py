@@ -152,10 +152,18 @@ def load_qa_data(qa: QAConfig) -> QAData:
     tasks = {"train": [s.to_task() for s in train], **tasks}
     if not tasks["train"]:
         raise ValueError(f"task.qa.train: no training question left (files: {files['train']})")
-    every = dict.fromkeys(p for ps in files.values() for p in ps)
-    extras = wiki_files(root) if qa.corpus == "contexts+wiki" else []
-    passages = corpus_paragraphs((s for p in every for s in load(p)), extras)
+    every = (p for ps in files.values() for p in ps)
+    passages = files_corpus(every, root, qa.corpus == "contexts+wiki", load)
     return QAData(tasks, passages, files)
+
+
+def files_corpus(files: Iterable[Path], root: Path, wiki: bool, load: Loader) -> list[Passage]:
+    """Every context paragraph of ``files`` (a file listed twice is read once), plus the
+    Wikipedia distractors under ``root`` with ``wiki`` (`agentr1.data.corpus_paragraphs`
+    deduplicates and assigns the stable ids)."""
+    unique = dict.fromkeys(files)
+    extras = wiki_files(root) if wiki else []
+    return corpus_paragraphs((s for p in unique for s in load(p)), extras)
 
 
 def assert_disjoint(tasks: Mapping[str, Sequence[Task]]) -> None:
