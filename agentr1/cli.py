@@ -4,6 +4,7 @@
     agentr1 train RECIPE.yaml [overrides...]    e.g. algo.estimator=ppo train.steps=50
     agentr1 train RECIPE.yaml --resume          continue from the newest checkpoint
     agentr1 eval --model smollm2-135m-instruct --dataset hotpotqa --max-tasks 8
+    agentr1 compare A/eval_episodes.jsonl B/eval_episodes.jsonl --where label=after
     agentr1 models prepare smollm2-135m-instruct
     agentr1 serve retriever --corpus passages.jsonl --kind bm25|dense|hybrid [--port 8765]
 
@@ -70,6 +71,27 @@ def _eval(args: argparse.Namespace) -> int:
         return 2
     print(md.read_text(encoding="utf-8"))
     print(f"wrote {js} and {md}")
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    """``agentr1 compare``: paired EM / F1 differences with a bootstrap CI and sign test."""
+    from agentr1.eval.compare import compare_files
+
+    def pairs(items: list[str]) -> dict[str, str]:
+        bad = [x for x in items if "=" not in x]
+        if bad:
+            raise ValueError(f"--where expects KEY=VALUE, got {bad[0]!r}")
+        return dict(x.split("=", 1) for x in items)
+
+    try:
+        where_a = {**pairs(args.where), **pairs(args.where_a)}
+        where_b = {**pairs(args.where), **pairs(args.where_b)}
+        for res in compare_files(args.a, args.b, args.metric, where_a, where_b):
+            print(res.line())
+    except (OSError, ValueError) as e:
+        print(f"agentr1 compare: {e}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -155,6 +177,17 @@ def main(argv: list[str] | None = None) -> int:
     p_models.add_argument("name", choices=["smollm2-135m-instruct"])
     p_models.add_argument("--out", default=None, help="output directory")
     _add_eval_parser(sub)
+    p_cmp = sub.add_parser(
+        "compare", help="paired test of two evaluations on the same questions (B minus A)"
+    )
+    p_cmp.add_argument("a", help="episodes JSONL of A (eval_episodes.jsonl or episodes.jsonl)")
+    p_cmp.add_argument("b", help="episodes JSONL of B")
+    p_cmp.add_argument("--metric", nargs="+", default=["em", "f1"])
+    p_cmp.add_argument(
+        "--where", nargs="*", default=[], metavar="KEY=VALUE", help="filter lines of both files"
+    )
+    p_cmp.add_argument("--where-a", nargs="*", default=[], metavar="KEY=VALUE")
+    p_cmp.add_argument("--where-b", nargs="*", default=[], metavar="KEY=VALUE")
     p_serve = sub.add_parser("serve", help="serve a retriever over HTTP (127.0.0.1 by default)")
     p_serve.add_argument("what", choices=["retriever"])
     corpus = p_serve.add_mutually_exclusive_group(required=True)
@@ -207,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         return _eval(args)
     if args.cmd == "serve":
         return _serve_retriever(args)
+    if args.cmd == "compare":
+        return _compare(args)
     return 1
 
 

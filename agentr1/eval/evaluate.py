@@ -10,6 +10,7 @@ import dataclasses
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from agentr1.backends.base import Generator
 from agentr1.envs.base import ToolEnv
@@ -63,6 +64,23 @@ def summarize(trajs: Sequence[Trajectory], tasks_by_id: dict[str, Task]) -> Eval
     stops = Counter(str(t.stop_reason) for t in trajs)
     total = max(1, len(trajs))
     return EvalResult(by_group, {k: v / total for k, v in sorted(stops.items())}, list(trajs))
+
+
+def episode_record(t: Trajectory, task: Task) -> dict[str, Any]:
+    """One evaluated episode as a JSON-able dict: what paired comparisons
+    (`agentr1.eval.compare`) and error analysis read, one line per question."""
+    return {
+        "task_id": t.task_id,
+        "question": task.question,
+        "gold": list(task.answers),
+        "answer": t.answer,
+        "em": t.metrics.get("em", 0.0),
+        "f1": t.metrics.get("f1", 0.0),
+        "cover_em": t.metrics.get("cover_em", 0.0),
+        "stop_reason": str(t.stop_reason),
+        "turns": t.num_turns,
+        "tool_calls": len(t.tool_log),
+    }
 
 
 def evaluate(

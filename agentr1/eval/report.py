@@ -24,7 +24,7 @@ from typing import Any
 
 from agentr1.config import QA_EVAL_FILES
 from agentr1.eval.baselines import METHOD_LABELS, METHODS
-from agentr1.eval.evaluate import EvalResult
+from agentr1.eval.evaluate import EvalResult, episode_record
 from agentr1.retrieval.base import Passage
 from agentr1.types import Task
 
@@ -292,20 +292,11 @@ def _episode_lines(
 ) -> list[str]:
     out = []
     for t in res.trajectories:
-        task = tasks[t.task_id]
         rec = {
             "method": row.method,
             "model": row.model,
             "dataset": row.dataset,
-            "task_id": t.task_id,
-            "question": task.question,
-            "gold": task.answers,
-            "answer": t.answer,
-            "em": t.metrics.get("em", 0.0),
-            "f1": t.metrics.get("f1", 0.0),
-            "stop_reason": str(t.stop_reason),
-            "turns": t.num_turns,
-            "tool_calls": len(t.tool_log),
+            **episode_record(t, tasks[t.task_id]),
             "text": decode(t.token_ids[t.prompt_len :]),
         }
         out.append(json.dumps(rec, ensure_ascii=False))
