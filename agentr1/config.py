@@ -310,6 +310,9 @@ class EvalConfig:
     checkpoint (e.g. one warm start shared by several algorithms)."""
     temperature: float = 1.0
     """Temperature of sampled evaluation."""
+    batch_tasks: int = 64
+    """Questions generated together. Larger is faster until memory runs out: the KV cache
+    and attention buffers grow with ``batch_tasks x rollout.max_context``."""
 
 
 @dataclass(frozen=True)
@@ -376,6 +379,8 @@ class Config:
             errors.append("sft.early_answer_prob is a probability: it must be in [0, 1]")
         if self.eval.sampled_n < 0:
             errors.append("eval.sampled_n must be >= 0 (0 = greedy evaluation only)")
+        if self.eval.batch_tasks < 1:
+            errors.append("eval.batch_tasks must be >= 1 (questions generated together)")
         if self.sft.context_loss_weight < 0:
             errors.append(
                 "sft.context_loss_weight must be >= 0: a negative weight would train the model "

@@ -101,6 +101,57 @@ def test_kill_and_resume_matches_uninterrupted_run(tmp_path: Path) -> None:
     assert s_full["eval_after"] == s_part["eval_after"]
 
 
+def test_eval_episodes_checkpoint_and_extending_a_finished_run(tmp_path: Path) -> None:
+    """Every eval episode is on disk for paired tests; the final checkpoint keeps the
+    optimizer state (released only after it was written) and the eval summary, so a
+    finished run can be extended with more steps."""
+    from agentr1.trainer.checkpoint import latest_checkpoint, load_checkpoint
+    from agentr1.trainer.setup import build_setup
+
+    common = [*SMALL, "sft.steps=5", "eval.sampled_n=1", f"train.run_dir={tmp_path}"]
+    summary = train(load_config(None, [*common, "train.steps=2"]))
+    rows = [json.loads(x) for x in (tmp_path / "eval_episodes.jsonl").read_text().splitlines()]
+    splits = ("test", "test_ood")
+    for label in ("before", "after"):
+        for split in splits:
+            for mode in ("greedy", "sampled"):
+                got = [
+                    r for r in rows if (r["label"], r["split"], r["mode"]) == (label, split, mode)
+                ]
+                n = int(summary[f"eval_{label}"][mode][split]["all"]["n"])
+                assert len(got) == n and n > 0
+                em = sum(r["em"] for r in got) / n
+                assert em == pytest.approx(summary[f"eval_{label}"][mode][split]["all"]["em"])
+                assert {"question", "gold", "answer", "f1", "stop_reason"} <= set(got[0])
+
+    path = latest_checkpoint(tmp_path / "checkpoints")
+    assert path is not None and path.name == "step_000002"
+    cfg = load_config(None, [*common, "train.steps=3"])
+    states, meta = load_checkpoint(path, {"policy": build_setup(cfg).policy})
+    assert states["optimizer"]["state"], "the final checkpoint lost the AdamW moments"
+    assert meta["summary"]["eval_after"] == summary["eval_after"] and meta["step"] == 2
+
+    longer = train(cfg, resume=True)
+    assert longer["steps"] == 3 and [r["step"] for r in rl_records(tmp_path)] == [0.0, 1.0, 2.0]
+    labels = [json.loads(x)["label"] for x in (tmp_path / "eval_episodes.jsonl").open()]
+    assert labels.count("after") == 2 * len([r for r in rows if r["label"] == "after"])
+
+
+def test_release_training_state_frees_what_only_training_needs() -> None:
+    from agentr1.trainer.loop import make_state, release_training_state
+    from agentr1.trainer.setup import build_setup
+
+    cfg = load_config(None, [*SMALL, "algo.estimator=gae", "algo.kl_coef=0.01"])
+    s = make_state(build_setup(cfg))
+    loss = sum(p.sum() for p in s.setup.policy.parameters())
+    loss.backward()
+    s.optimizer.step()
+    assert s.optimizer.state and s.critic is not None and s.reference is not None
+    release_training_state(s)
+    assert not s.optimizer.state and s.critic is None and s.critic_optimizer is None
+    assert s.reference is None and all(p.grad is None for p in s.setup.policy.parameters())
+
+
 def test_mask_ablations_train_tool_tokens(tmp_path: Path) -> None:
     """With the loss mask off, tool-response tokens get advantages and are trained."""
     from agentr1.rollout.collate import collate

@@ -100,6 +100,20 @@ def save_checkpoint(
     return final
 
 
+def update_checkpoint_meta(path: str | Path | None, meta: dict[str, Any]) -> None:
+    """Merge ``meta`` into a written checkpoint's ``meta.json`` (atomically; the step is
+    kept). For facts learnt after the weights were saved, e.g. the final eval."""
+    if path is None:
+        raise FileNotFoundError("no checkpoint to update")
+    f = Path(path) / META_FILE
+    old = json.loads(f.read_text())
+    tmp = f.with_name(f".{META_FILE}.{os.getpid()}")
+    tmp.write_text(json.dumps({**old, **meta, "step": old["step"]}, indent=1))
+    with open(tmp, "rb") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, f)
+
+
 def latest_checkpoint(root: str | Path) -> Path | None:
     """Newest complete checkpoint directory under ``root`` (temporary ones are ignored)."""
     root = Path(root)

@@ -22,8 +22,9 @@ from typing import Any
 import yaml
 
 from agentr1 import configutil
+from agentr1.eval.evaluate import EvalResult, episode_record
 from agentr1.rollout.io import write_trajectories
-from agentr1.types import Trajectory
+from agentr1.types import Task, Trajectory
 
 
 class _Bar:
@@ -55,6 +56,7 @@ class RunDir:
     OWNED = (
         "metrics.jsonl",
         "trajectories.jsonl",
+        "eval_episodes.jsonl",
         "checkpoints",
         "plots",
         "report.md",
@@ -87,6 +89,19 @@ class RunDir:
         for t in trajs:
             t.metrics["rl_step"] = float(step)
         write_trajectories(self.dir / "trajectories.jsonl", trajs, decode, append=True)
+
+    def log_eval_episodes(
+        self, label: str, mode: str, split: str, res: EvalResult, tasks: Sequence[Task]
+    ) -> None:
+        """Append one line per evaluated episode (`episode_record`) to
+        ``eval_episodes.jsonl``, tagged with ``label`` ("before", "after", "step N"), the
+        mode (greedy / sampled) and the split."""
+        by_id = {t.id: t for t in tasks}
+        with open(self.dir / "eval_episodes.jsonl", "a", encoding="utf-8") as f:
+            for t in res.trajectories:
+                rec = {"label": label, "mode": mode, "split": split}
+                rec.update(episode_record(t, by_id[t.task_id]))
+                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
 
     def progress(self, total: int, desc: str, initial: int = 0) -> _Bar:
         return _Bar(total, desc, initial)
