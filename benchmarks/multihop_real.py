@@ -12,8 +12,13 @@ Phases (``all`` runs them in this order; each is also a subcommand):
 2. ``warm``: the recipe's SFT warm start, then its eval;
 3. ``rl --variant grpo`` and ``rl --variant ppo`` from that same warm start (same steps,
    same questions);
-4. ``report``: ``ROOT/results.md`` (+ ``results.json``) and the curves
+4. ``report``: ``ROOT/results.md`` (+ ``results.json``): the table, then each RL run
+   paired against the warm start on the same questions (EM / F1 difference, bootstrap
+   95% CI, sign test -- `agentr1.eval.compare`); and the curves
    ``docs/multihop_smollm2_training.png``.
+
+``reeval --run NAME`` re-evaluates ``ROOT/NAME/final_model`` greedily with per-question
+records, for a run made before training runs wrote ``eval_episodes.jsonl``.
 
 A phase whose output exists is skipped, so an interrupted ``all`` continues where it
 stopped (an RL phase resumes from its last checkpoint).
@@ -103,6 +108,24 @@ def rl(args: argparse.Namespace) -> None:
         f"train.run_dir={run_dir}",
     ]
     train(config(args, extra), resume=(run_dir / "checkpoints").is_dir())
+
+
+def reeval(args: argparse.Namespace) -> None:
+    """Greedy eval of ``ROOT/<run>/final_model`` with per-question records ->
+    ``ROOT/<run>/reeval/`` (for runs made before the loop wrote ``eval_episodes.jsonl``)."""
+    from agentr1.trainer.loop import train
+
+    run_dir = args.root / args.run / "reeval"
+    if (run_dir / "summary.json").exists():
+        return
+    extra = [
+        f"model.path={args.root / args.run / 'final_model'}",
+        "sft.enabled=false",
+        "train.steps=0",
+        "eval.before=true",
+        f"train.run_dir={run_dir}",
+    ]
+    train(config(args, extra))
 
 
 def _run_phase(args: argparse.Namespace, phase: list[str]) -> None:
@@ -220,9 +243,55 @@ def plot(args: argparse.Namespace, out: Path) -> Path | None:
     return out
 
 
+def episode_scores(args: argparse.Namespace, name: str, metric: str) -> dict[str, float] | None:
+    """``split/task_id -> metric`` of a run's greedy eval (the warm start's is its "before"
+    eval: it ran 0 RL steps), from its own records or its ``reeval``; None without any."""
+    from agentr1.eval.compare import load_scores
+
+    label = "before" if name == "warm_start" else "after"
+    for path, lab in (
+        (args.root / name / "eval_episodes.jsonl", label),
+        (args.root / name / "reeval" / "eval_episodes.jsonl", "before"),
+    ):
+        if path.exists():
+            return load_scores(path, metric, {"label": lab, "mode": "greedy"})
+    return None
+
+
+def paired_section(args: argparse.Namespace) -> str:
+    """Each RL run against the warm start on the same questions: per dataset, in domain
+    (HotpotQA + 2Wiki) and overall -- EM and F1 differences, bootstrap CI, sign test."""
+    from agentr1.eval.compare import paired
+
+    lines = []
+    for name in VARIANTS:
+        for metric in ("em", "f1"):
+            base, rl = (
+                episode_scores(args, "warm_start", metric),
+                episode_scores(args, name, metric),
+            )
+            if base is None or rl is None:
+                continue
+            subsets = {LABELS[s]: (s,) for s in LABELS}
+            subsets["in domain (HotpotQA + 2Wiki)"] = ("hotpotqa", "2wiki")
+            subsets["all three"] = tuple(LABELS)
+            for title, splits in subsets.items():
+                keys = [k for k in base if k.split("/", 1)[0] in splits]
+                if not keys:
+                    continue
+                res = paired({k: base[k] for k in keys}, {k: rl[k] for k in keys}, metric)
+                lines.append(f"- {name.upper()} vs warm start, {title}, {res.line()}")
+    if not lines:
+        return ""
+    return "Paired against the warm start (same questions; B = the RL run):\n\n" + "\n".join(lines)
+
+
 def report(args: argparse.Namespace) -> None:
     rows = _rows(args)
     md = table(rows)
+    pairs = paired_section(args)
+    if pairs:
+        md += "\n\n" + pairs
     (args.root / "results.md").write_text(md + "\n")
     (args.root / "results.json").write_text(json.dumps(dict(rows), indent=1))
     png = plot(args, Path(args.docs) / "multihop_smollm2_training.png")
@@ -235,8 +304,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("phase", choices=["all", "baselines", "warm", "rl", "report"])
+    ap.add_argument("phase", choices=["all", "baselines", "warm", "rl", "reeval", "report"])
     ap.add_argument("--variant", choices=list(VARIANTS), help="which RL run (phase rl)")
+    ap.add_argument("--run", help="phase reeval: the run directory under ROOT (warm_start, ...)")
     ap.add_argument("--recipe", default=str(RECIPE))
     ap.add_argument("--root", type=Path, default=Path("runs/multihop_real"))
     ap.add_argument("--rag-top-k", type=int, default=5, help="passages in the Naive RAG prompt")
@@ -245,10 +315,12 @@ def main() -> None:
     args = ap.parse_intermixed_args()
     if args.phase == "rl" and args.variant is None:
         ap.error("rl needs a variant: " + " | ".join(VARIANTS))
+    if args.phase == "reeval" and not (args.root / str(args.run) / "final_model").is_dir():
+        ap.error(f"reeval needs --run NAME with a final_model under {args.root}")
     args.root.mkdir(parents=True, exist_ok=True)
-    {"all": run_all, "baselines": baselines, "warm": warm, "rl": rl, "report": report}[args.phase](
-        args
-    )
+    phases = {"all": run_all, "baselines": baselines, "warm": warm, "rl": rl, "report": report}
+    phases["reeval"] = reeval
+    phases[args.phase](args)
 
 
 if __name__ == "__main__":

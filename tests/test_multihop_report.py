@@ -1,0 +1,58 @@
+"""``benchmarks/multihop_real.py report`` on synthetic run directories: the paper-shaped
+table and the paired comparison of each RL run against the warm start."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _summary(em: float) -> dict:
+    group = {"all": {"em": em, "f1": em, "cover_em": em, "turns": 2.0, "tool_calls": 1.5, "n": 20}}
+    return {"eval_after": {"greedy": {s: group for s in ("hotpotqa", "2wiki", "musique")}}}
+
+
+def _episodes(path: Path, label: str, correct: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = [
+        {
+            "label": label,
+            "mode": "greedy",
+            "split": s,
+            "task_id": str(i),
+            "em": float(i < correct),
+            "f1": float(i < correct),
+        }
+        for s in ("hotpotqa", "2wiki", "musique")
+        for i in range(20)
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_report_pairs_rl_runs_with_the_warm_start(tmp_path: Path) -> None:
+    (tmp_path / "warm_start").mkdir()
+    (tmp_path / "warm_start" / "summary.json").write_text(json.dumps(_summary(0.1)))
+    _episodes(tmp_path / "warm_start" / "eval_episodes.jsonl", "before", 2)
+    (tmp_path / "grpo").mkdir()
+    (tmp_path / "grpo" / "summary.json").write_text(json.dumps(_summary(0.5)))
+    _episodes(tmp_path / "grpo" / "reeval" / "eval_episodes.jsonl", "before", 10)
+    (tmp_path / "ppo").mkdir()  # no records: a row, but no paired lines
+    (tmp_path / "ppo" / "summary.json").write_text(json.dumps(_summary(0.1)))
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "multihop_real.py"), "report"]
+    cmd += ["--root", str(tmp_path), "--docs", str(tmp_path / "docs")]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    md = (tmp_path / "results.md").read_text()
+    assert "| SFT warm start | 0.100 / 0.100 / 0.100 |" in md and "| PPO |" in md
+    pairs = [x for x in md.splitlines() if x.startswith("- ")]
+    # per dataset, in domain, all three; EM and F1; only GRPO has records
+    assert len(pairs) == 10 and all(x.startswith("- GRPO vs warm start") for x in pairs)
+    line = next(x for x in pairs if "all three, em:" in x)
+    assert "0.100 -> 0.500 (+0.400" in line and "24 better, 0 worse, 36 same of 60" in line
+    assert "(significant)" in line
+    musique = next(x for x in pairs if "MuSiQue (OOD), em:" in x)
+    assert "8 better, 0 worse, 12 same of 20" in musique
