@@ -172,10 +172,10 @@ def test_last_rl_step_is_checkpointed_before_the_final_eval(
 
     real_eval = loop.run_eval
 
-    def killed_after_rl(setup, label):  # type: ignore[no-untyped-def]
-        if label == "after RL":
+    def killed_after_rl(setup, label, run=None):  # type: ignore[no-untyped-def]
+        if label == "after":
             raise MemoryError("killed in the final eval")
-        return real_eval(setup, label)
+        return real_eval(setup, label, run)
 
     monkeypatch.setattr(loop, "run_eval", killed_after_rl)
     cfg = load_config(
