@@ -66,6 +66,82 @@ def test_chunked_logprob_gradients_match() -> None:
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
 
+def shared_prefix_batch(B: int = 4, P: int = 40, T: int = 60, V: int = 64):
+    """Rows that share their first P tokens (a system prompt), then differ; right-padded."""
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(4, V, (B, T), generator=g)
+    ids[:, :P] = ids[0, :P]
+    attn = torch.ones(B, T, dtype=torch.long)
+    attn[1, T - 7 :] = 0
+    attn[3, P + 3 :] = 0
+    ids = ids * attn  # pad id 0
+    mask = torch.zeros(B, T)
+    mask[:, P + 1 : P + 12] = 1
+    mask[:, T - 10 : T - 4] = 1
+    return ids, attn, mask * attn
+
+
+def test_shared_prefix_runs_once_and_changes_nothing() -> None:
+    """The common prefix runs as one row; log-probs, entropies and gradients equal the
+    plain per-row forward (values at padding are irrelevant and masked)."""
+    from agentr1.trainer import logprobs as lpmod
+
+    model = tiny_llama(vocab_size=64, hidden=32, layers=2)
+    ids, attn, mask = shared_prefix_batch()
+    assert lpmod.shared_prefix_len(ids, attn) == 40
+    seen: list[tuple[int, int]] = []
+    hook = model.model.register_forward_pre_hook(
+        lambda _m, _a, kw: seen.append(tuple(kw["input_ids"].shape)), with_kwargs=True
+    )
+    grads = []
+    outs = []
+    for share in (True, False):
+        model.zero_grad()
+        lp, ent = token_logprobs(model, ids, attn, mask, 0.7, with_entropy=True, share_prefix=share)
+        (masked_aggregate(lp, mask) + 0.1 * masked_aggregate(ent, mask)).backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+        outs.append((lp.detach(), ent.detach()))
+    hook.remove()
+    assert seen == [(1, 40), (4, 20), (4, 60)]  # shared: prefix once, then the rest
+    torch.testing.assert_close(outs[0][0], outs[1][0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(outs[0][1], outs[1][1], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        outs[0][0], reference_logprobs(model, ids, attn, 0.7) * mask, atol=1e-5, rtol=1e-5
+    )
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_shared_prefix_is_skipped_when_short_or_single_row() -> None:
+    from agentr1.trainer.logprobs import MIN_SHARED_PREFIX, backbone_hidden
+
+    model = tiny_llama()
+    seen: list[tuple[int, int]] = []
+    model.model.register_forward_pre_hook(
+        lambda _m, _a, kw: seen.append(tuple(kw["input_ids"].shape)), with_kwargs=True
+    )
+    ids, attn, _ = batch()  # random rows: no common prefix
+    backbone_hidden(model.model, ids, attn)
+    ids, attn, _ = shared_prefix_batch(P=MIN_SHARED_PREFIX - 1)
+    backbone_hidden(model.model, ids, attn)
+    backbone_hidden(model.model, ids[:1], attn[:1])
+    assert seen == [(4, 12), (4, 60), (1, 60)]
+
+
+def test_critic_shares_the_prefix_too() -> None:
+    model = tiny_llama()
+    critic = ValueModel.from_policy(model)
+    torch.nn.init.normal_(critic.v_head.weight)
+    ids, attn, _ = shared_prefix_batch()
+    v = critic(ids, attn)
+    h = critic.backbone(input_ids=ids, attention_mask=attn).last_hidden_state
+    real = attn.bool()
+    real[:, 0] = False
+    plain = torch.zeros_like(v)
+    plain[:, 1:] = critic.v_head(h[:, :-1]).squeeze(-1)
+    torch.testing.assert_close(v[real], plain[real], atol=1e-5, rtol=1e-5)
+
+
 def test_critic_values_align_with_previous_hidden_state() -> None:
     model = tiny_llama()
     critic = ValueModel.from_policy(model)

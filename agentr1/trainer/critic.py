@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from agentr1.trainer.logprobs import backbone_and_head
+from agentr1.trainer.logprobs import backbone_and_head, backbone_hidden
 
 
 class ValueModel(nn.Module):
@@ -36,9 +36,7 @@ class ValueModel(nn.Module):
 
     def forward(self, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor) -> torch.Tensor:
         """Values aligned with tokens. [B, T] float32"""
-        hidden_BTH = self.backbone(
-            input_ids=input_ids_BT, attention_mask=attention_mask_BT
-        ).last_hidden_state
+        hidden_BTH = backbone_hidden(self.backbone, input_ids_BT, attention_mask_BT)
         v_BT = self.v_head(hidden_BTH).squeeze(-1).float()
         out_BT = torch.zeros_like(v_BT)
         out_BT[:, 1:] = v_BT[:, :-1]
