@@ -255,3 +255,44 @@ def test_sampler_draws_match_the_distribution() -> None:
     assert freq[1] == 0 and freq[4] == 0
     torch.testing.assert_close(freq, probs, atol=0.015, rtol=0)  # ~4 sigma at n = 20k
     torch.testing.assert_close(lp_B, probs[tokens_B].log())
+
+
+def test_shared_prompt_prefix_is_prefilled_once_and_changes_nothing(
+    model: LlamaForCausalLM,
+) -> None:
+    """Prompts that start alike (the system prompt of every turn) are prefilled as
+    shared prefix | padding | rest: same tokens and log-probs as without sharing, and
+    every log-prob still matches a full uncached recomputation."""
+    g = torch.Generator().manual_seed(5)
+    system = torch.randint(4, VOCAB, (40,), generator=g).tolist()
+    rests = [torch.randint(4, VOCAB, (n,), generator=g).tolist() for n in (1, 9, 4, 17)]
+    prompts = [system + r for r in rests] + [system + rests[2]]  # a group: same prompt twice
+    for params in (
+        SamplingParams(max_new_tokens=10, temperature=0.0),
+        SamplingParams(max_new_tokens=10, temperature=1.0, top_p=0.9, seed=7),
+    ):
+        shared_gen = HFGenerator(model)
+        shared = shared_gen.generate(prompts, params)
+        assert shared_gen.last_stats.shared_prefix_tokens == 40 * (len(prompts) - 1)
+        plain_gen = HFGenerator(model, share_prefix=False)
+        plain = plain_gen.generate(prompts, params)
+        assert plain_gen.last_stats.shared_prefix_tokens == 0
+        for prompt, a, b in zip(prompts, shared, plain, strict=True):
+            assert a.token_ids == b.token_ids
+            assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+            assert a.logprobs == pytest.approx(
+                reference_logprobs(model, prompt, a, params), abs=1e-4
+            )
+        if params.temperature == 0:
+            assert shared[2].token_ids == shared[4].token_ids
+
+
+def test_identical_prompts_keep_one_token_each_to_prefill(model: LlamaForCausalLM) -> None:
+    prompt = list(range(4, 4 + 50))
+    gen = HFGenerator(model)
+    out = gen.generate([prompt] * 3, SamplingParams(max_new_tokens=5, temperature=0.0))
+    assert gen.last_stats.shared_prefix_tokens == 49 * 2
+    alone = HFGenerator(model, share_prefix=False).generate(
+        [prompt], SamplingParams(max_new_tokens=5, temperature=0.0)
+    )
+    assert all(o.token_ids == alone[0].token_ids for o in out)

@@ -12,7 +12,12 @@ How a batch is generated (``HFGenerator.generate``):
    unbatched output.
 2. **Prefill**: one forward over the whole chunk fills a ``DynamicCache`` and returns
    logits for the last column only (``logits_to_keep=1``): the [B, T, V] logits of the
-   prompt are never built.
+   prompt are never built. When the chunk's prompts share a prefix of at least
+   ``MIN_SHARED_PREFIX`` tokens (every multi-turn prompt starts with the same system
+   prompt and tool schema), the prefix is prefilled once as one row, its cache repeated
+   to the B rows, and the rows' rests are prefilled after it, left-padded: row = shared
+   prefix | padding | rest. The padding in the middle is masked and position ids count
+   real tokens, so every row computes what it would alone.
 3. **Decode**: one forward per new token feeds the sampled token (``[B, 1]``) at the next
    position of each row, appends a column of ones to the mask, and reuses the cache.
    Rows that have finished are fed the pad token and their outputs are frozen; the loop
@@ -61,6 +66,10 @@ from transformers import DynamicCache, PreTrainedModel
 
 from agentr1.backends.base import Completion, SamplingParams
 
+MIN_SHARED_PREFIX = 32
+"""Shorter common prompt prefixes are prefilled per row: a second forward call is not
+worth fewer tokens."""
+
 STOP_WINDOW_SLACK = 8
 """Extra tokens decoded beyond the longest stop string when checking stop strings.
 
@@ -89,6 +98,8 @@ class GenerationStats:
         prompt_tokens: real (unpadded) prompt tokens.
         new_tokens: sampled tokens returned, stop tokens included.
         forward_passes: model forwards (prefills plus decode steps) over all chunks.
+        shared_prefix_tokens: prompt tokens not prefilled because their chunk shared them
+            (``(rows - 1) x prefix`` per chunk).
         wall_s: wall-clock seconds for the whole call.
     """
 
@@ -96,6 +107,7 @@ class GenerationStats:
     prompt_tokens: int = 0
     new_tokens: int = 0
     forward_passes: int = 0
+    shared_prefix_tokens: int = 0
     wall_s: float = 0.0
 
     @property
@@ -110,6 +122,7 @@ class GenerationStats:
             "prompt_tokens": float(self.prompt_tokens),
             "new_tokens": float(self.new_tokens),
             "forward_passes": float(self.forward_passes),
+            "shared_prefix_tokens": float(self.shared_prefix_tokens),
             "wall_s": self.wall_s,
             "tokens_per_s": self.tokens_per_s,
         }
@@ -160,6 +173,20 @@ def sample_next(
     return tokens_B, logprobs_BV.gather(-1, tokens_B[:, None]).squeeze(-1)
 
 
+def common_prefix_len(prompts: list[list[int]]) -> int:
+    """Length of the longest prefix every prompt starts with.
+
+    >>> common_prefix_len([[1, 2, 3], [1, 2, 4, 5], [1, 2]])
+    2
+    """
+    first = prompts[0]
+    n = min(len(p) for p in prompts)
+    for i in range(n):
+        if any(p[i] != first[i] for p in prompts):
+            return i
+    return n
+
+
 def left_pad(
     prompts: list[list[int]], pad_id: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -206,6 +233,7 @@ class HFGenerator:
             It is shared, not copied: a trainer updating its weights updates the sampler.
         tokenizer: anything with ``decode(ids) -> str``; needed only for stop strings.
         batch_size: prompts per forward chunk; ``None`` runs all prompts in one chunk.
+        share_prefix: prefill a prefix common to a chunk's prompts once (module docstring).
     """
 
     def __init__(
@@ -213,12 +241,14 @@ class HFGenerator:
         model: PreTrainedModel,
         tokenizer: TokenDecoder | None = None,
         batch_size: int | None = None,
+        share_prefix: bool = True,
     ) -> None:
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
+        self.share_prefix = share_prefix
         self.last_stats = GenerationStats()
         # Any valid id works as padding (it is masked out everywhere) and 0 always exists;
         # configs' pad ids are often None or, for some checkpoints, outside the embedding.
@@ -333,9 +363,24 @@ class HFGenerator:
     ) -> list[Completion]:
         """Prefill then decode one left-padded chunk until every row has finished."""
         device = self.model.device
-        ids_BT, mask_BT, position_ids_BT = left_pad(prompts, self.pad_id, device)
         cache = _new_cache(self.model)
-        logits_BV = self._forward(ids_BT, mask_BT, position_ids_BT, cache)
+        P = common_prefix_len(prompts) if self.share_prefix and len(prompts) > 1 else 0
+        P = min(P, min(len(p) for p in prompts) - 1)  # every row keeps a token to prefill
+        if P >= MIN_SHARED_PREFIX:
+            ones_1P = torch.ones((1, P), dtype=torch.long, device=device)
+            prefix_1P = torch.tensor([prompts[0][:P]], dtype=torch.long, device=device)
+            positions_1P = torch.arange(P, device=device)[None]
+            self._forward(prefix_1P, ones_1P, positions_1P, cache)
+            cache.batch_repeat_interleave(len(prompts))
+            ids_BT, rest_mask_BT, rest_pos_BT = left_pad(
+                [p[P:] for p in prompts], self.pad_id, device
+            )
+            mask_BT = torch.cat([ones_1P.expand(len(prompts), P), rest_mask_BT], dim=-1)
+            logits_BV = self._forward(ids_BT, mask_BT, rest_pos_BT + P, cache)
+            self.last_stats.shared_prefix_tokens += P * (len(prompts) - 1)
+        else:
+            ids_BT, mask_BT, position_ids_BT = left_pad(prompts, self.pad_id, device)
+            logits_BV = self._forward(ids_BT, mask_BT, position_ids_BT, cache)
         next_pos_B1 = mask_BT.sum(dim=-1, keepdim=True)  # position of the next token per row
         stop_ids = set(params.stop_token_ids)
 

@@ -89,7 +89,7 @@ def backbone_hidden(
     pre = backbone(
         input_ids=input_ids_BT[:1, :P], attention_mask=attention_mask_BT[:1, :P], use_cache=True
     )
-    cache = pre.get("cache", pre.get("past_key_values"))
+    cache = pre.get("cache") if "cache" in pre else pre.get("past_key_values")
     if cache is None:  # e.g. gradient checkpointing turns the cache off in training
         return backbone(input_ids=input_ids_BT, attention_mask=attention_mask_BT).last_hidden_state
     cache.batch_repeat_interleave(B)
