@@ -260,30 +260,46 @@ def episode_scores(args: argparse.Namespace, name: str, metric: str) -> dict[str
 
 def paired_section(args: argparse.Namespace) -> str:
     """Each RL run against the warm start on the same questions: per dataset, in domain
-    (HotpotQA + 2Wiki) and overall -- EM and F1 differences, bootstrap CI, sign test."""
+    (HotpotQA + 2Wiki) and overall -- EM and F1 differences with bootstrap 95% CIs,
+    questions better / worse, exact sign test (`agentr1.eval.compare`)."""
     from agentr1.eval.compare import paired
 
+    subsets = {LABELS[s]: (s,) for s in LABELS}
+    subsets["in domain (HotpotQA + 2Wiki)"] = ("hotpotqa", "2wiki")
+    subsets["all three"] = tuple(LABELS)
     lines = []
     for name in VARIANTS:
-        for metric in ("em", "f1"):
-            base, rl = (
-                episode_scores(args, "warm_start", metric),
-                episode_scores(args, name, metric),
-            )
-            if base is None or rl is None:
-                continue
-            subsets = {LABELS[s]: (s,) for s in LABELS}
-            subsets["in domain (HotpotQA + 2Wiki)"] = ("hotpotqa", "2wiki")
-            subsets["all three"] = tuple(LABELS)
-            for title, splits in subsets.items():
-                keys = [k for k in base if k.split("/", 1)[0] in splits]
+        scores = {
+            (who, m): episode_scores(args, who, m)
+            for who in ("warm_start", name)
+            for m in ("em", "f1")
+        }
+        if any(v is None for v in scores.values()):
+            continue
+        for title, splits in subsets.items():
+            cells = []
+            for m in ("em", "f1"):
+                a, b = scores[("warm_start", m)], scores[(name, m)]
+                assert a is not None and b is not None
+                keys = [k for k in a if k.split("/", 1)[0] in splits]
                 if not keys:
-                    continue
-                res = paired({k: base[k] for k in keys}, {k: rl[k] for k in keys}, metric)
-                lines.append(f"- {name.upper()} vs warm start, {title}, {res.line()}")
+                    break
+                r = paired({k: a[k] for k in keys}, {k: b[k] for k in keys}, m)
+                cells.append(
+                    f"{r.mean_a:.3f} → {r.mean_b:.3f} ({r.diff:+.3f} [{r.ci_low:+.3f}, "
+                    f"{r.ci_high:+.3f}]) | {r.wins} / {r.losses} | {r.p_sign:.2g}"
+                )
+            if len(cells) == 2:
+                lines.append(f"| {name.upper()} | {title} | {r.n} | " + " | ".join(cells) + " |")
     if not lines:
         return ""
-    return "Paired against the warm start (same questions; B = the RL run):\n\n" + "\n".join(lines)
+    head = (
+        "Paired against the warm start, on the same questions (difference with its "
+        "bootstrap 95% CI; questions better / worse; exact sign-test p):\n\n"
+        "| RL run | questions | n | EM: warm → RL (Δ [CI]) | better / worse | p "
+        "| F1: warm → RL (Δ [CI]) | better / worse | p |\n|---|---|---|---|---|---|---|---|---|"
+    )
+    return head + "\n" + "\n".join(lines)
 
 
 def report(args: argparse.Namespace) -> None:

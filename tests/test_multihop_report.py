@@ -48,11 +48,12 @@ def test_report_pairs_rl_runs_with_the_warm_start(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     md = (tmp_path / "results.md").read_text()
     assert "| SFT warm start | 0.100 / 0.100 / 0.100 |" in md and "| PPO |" in md
-    pairs = [x for x in md.splitlines() if x.startswith("- ")]
-    # per dataset, in domain, all three; EM and F1; only GRPO has records
-    assert len(pairs) == 10 and all(x.startswith("- GRPO vs warm start") for x in pairs)
-    line = next(x for x in pairs if "all three, em:" in x)
-    assert "0.100 -> 0.500 (+0.400" in line and "24 better, 0 worse, 36 same of 60" in line
-    assert "(significant)" in line
-    musique = next(x for x in pairs if "MuSiQue (OOD), em:" in x)
-    assert "8 better, 0 worse, 12 same of 20" in musique
+    paired_part = md.split("Paired against the warm start")[1]
+    pairs = [x for x in paired_part.splitlines() if x.startswith(("| GRPO |", "| PPO |"))]
+    # per dataset, in domain, all three; only GRPO has records (PPO's row is the table's)
+    assert len(pairs) == 5 and all(x.startswith("| GRPO |") for x in pairs)
+    cells = next(x for x in pairs if "| all three |" in x).split(" | ")
+    assert cells[2] == "60" and cells[3].startswith("0.100 → 0.500 (+0.400 [")
+    assert cells[4] == "24 / 0" and float(cells[5]) < 1e-6
+    musique = next(x for x in pairs if "MuSiQue" in x).split(" | ")
+    assert musique[2] == "20" and musique[4] == "8 / 0"
