@@ -173,6 +173,16 @@ def sample_next(
     return tokens_B, logprobs_BV.gather(-1, tokens_B[:, None]).squeeze(-1)
 
 
+def cache_kwarg(module: Any) -> str | None:
+    """Name of the KV-cache argument of ``module.forward``, None when it takes none.
+
+    transformers 5.x renamed ``past_key_values`` to ``cache`` (the old name is a
+    deprecated alias until 5.40); 4.x only knows ``past_key_values``.
+    """
+    params = inspect.signature(module.forward).parameters
+    return next((k for k in ("cache", "past_key_values") if k in params), None)
+
+
 def common_prefix_len(prompts: list[list[int]]) -> int:
     """Length of the longest prefix every prompt starts with.
 
@@ -254,9 +264,7 @@ class HFGenerator:
         # configs' pad ids are often None or, for some checkpoints, outside the embedding.
         self.pad_id = 0
         forward_args = inspect.signature(model.forward).parameters
-        # transformers 5.x renamed ``past_key_values`` to ``cache`` (the old name is a
-        # deprecated alias until 5.40); 4.x only knows ``past_key_values``.
-        self._cache_kwarg = "cache" if "cache" in forward_args else "past_key_values"
+        self._cache_kwarg = cache_kwarg(model) or "past_key_values"
         self._keep_kwarg = next(
             (k for k in ("logits_to_keep", "num_logits_to_keep") if k in forward_args), None
         )

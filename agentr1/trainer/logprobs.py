@@ -3,10 +3,11 @@
 Notation: B = rows, T = tokens, H = hidden size, V = vocabulary, N = selected positions.
 
 The backbone runs once over the batch -- the prompt prefix that every row shares (the
-system prompt with the tool schema: ~330 of ~800 tokens per multi-hop QA episode) once
-for all rows, then each row's rest against its cached keys and values (`backbone_hidden`),
-with gradients flowing through the shared part exactly as through B copies of it. The LM
-head and log-softmax then run only on the positions that matter (those with ``loss_mask = 1`` — the agent's tokens), in chunks of
+system prompt with the tool schema: 289 of 650-1,024 tokens per multi-hop QA episode)
+once for all rows, then each row's rest against its cached keys and values
+(`backbone_hidden`), with gradients flowing through the shared part exactly as through B
+copies of it. The LM head and log-softmax then run only on the positions that matter
+(those with ``loss_mask = 1`` — the agent's tokens), in chunks of
 ``chunk`` positions, each under activation checkpointing, so at most [chunk, V] float32
 logits exist at a time, forward and backward. On multi-hop episodes most tokens are tool
 responses, so this also skips most of the LM-head work.
@@ -17,14 +18,12 @@ state at position t − 1; position 0 has no log-prob and is 0.
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
-MIN_SHARED_PREFIX = 32
-"""Shorter common prefixes are run per row: a second forward call is not worth fewer."""
+from agentr1.backends.hf import MIN_SHARED_PREFIX, cache_kwarg
 
 
 def _head_chunk(
@@ -82,8 +81,7 @@ def backbone_hidden(
     """
     B, T = input_ids_BT.shape
     P = min(shared_prefix_len(input_ids_BT, attention_mask_BT), T - 1)
-    params = inspect.signature(backbone.forward).parameters
-    cache_kw = next((k for k in ("cache", "past_key_values") if k in params), None)
+    cache_kw = cache_kwarg(backbone)
     if not share_prefix or B < 2 or P < MIN_SHARED_PREFIX or cache_kw is None:
         return backbone(input_ids=input_ids_BT, attention_mask=attention_mask_BT).last_hidden_state
     pre = backbone(
