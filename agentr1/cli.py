@@ -53,6 +53,7 @@ def _eval(args: argparse.Namespace) -> int:
         retriever=args.retriever,
         corpus=args.corpus,
         top_k=args.top_k,
+        passage_words=args.passage_words,
         max_tasks=args.max_tasks,
         max_turns=args.max_turns,
         max_tokens_per_turn=args.max_tokens_per_turn,
@@ -109,6 +110,9 @@ def _add_eval_parser(sub: Any) -> None:
     p.add_argument("--retriever", default="bm25", help="bm25 | dense | hybrid | http://URL")
     p.add_argument("--corpus", choices=["eval", "contexts", "contexts+wiki"], default="contexts")
     p.add_argument("--top-k", type=int, default=5)
+    p.add_argument(
+        "--passage-words", type=int, default=0, help="words kept of each passage (0 = all)"
+    )
     p.add_argument("--max-tasks", type=int, default=0, help="questions per dataset (0 = all)")
     p.add_argument("--max-turns", type=int, default=5)
     p.add_argument("--max-tokens-per-turn", type=int, default=256)

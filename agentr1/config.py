@@ -163,6 +163,10 @@ class TaskConfig:
     """Data, splits, corpus and retriever (kind = "qa")."""
     top_k: int = 1
     """Passages the search tool returns per call."""
+    passage_words: int = 0
+    """Words kept of each passage's text in a search result; 0 = the whole passage. The
+    real corpus's passages average ~130 tokens (p99 ~380), so two long ones can fill a
+    small context; 80 words keep the answer string of 95% of supporting passages."""
     system_prompt: str | None = None
     """System message; None = none for "world" (a tiny model learns the format from SFT),
     `agentr1.envs.qa_env.QA_SYSTEM_PROMPT` for "qa"."""
@@ -388,6 +392,10 @@ class Config:
             )
         if self.task.top_k < 1:
             errors.append("task.top_k must be >= 1: a search that returns nothing teaches nothing")
+        if self.task.passage_words < 0:
+            errors.append(
+                f"task.passage_words={self.task.passage_words}: expected >= 0 (0 = whole passages)"
+            )
         try:
             self.task.world.validate()
         except ValueError as e:

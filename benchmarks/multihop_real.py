@@ -69,6 +69,7 @@ def baselines(args: argparse.Namespace) -> None:
             setup.chat,
             top_k=args.rag_top_k,
             rollout=cfg.rollout,
+            passage_words=cfg.task.passage_words,
         )
         tool = evaluate(tasks, setup.make_env, setup.generator, setup.chat, cfg.rollout, 0.0, 1, 1)
         res["naive_rag"][split] = {"by_group": rag.by_group, "stop_reasons": rag.stop_reasons}

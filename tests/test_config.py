@@ -50,6 +50,7 @@ def test_overrides_are_typed_and_nested() -> None:
         (["optim.lr=5"], "optim.lr=5.0: must be in (0, 1]"),
         (["rollout.max_context=4096"], "would overflow the position table"),
         (["rollout.max_turns=0"], "rollout.max_turns must be >= 1"),
+        (["task.passage_words=-1"], "task.passage_words=-1: expected >= 0"),
         (["task.world.hops=[1, 4]"], "hops and ood_hops overlap"),
         (["train"], "expected the form section.field=value"),
     ],

@@ -44,6 +44,7 @@ def test_eval_writes_a_paper_shaped_report(
             "--max-turns", "2",
             "--max-tokens-per-turn", "8",
             "--top-k", "2",
+            "--passage-words", "3",
             "--data-dir", str(tmp_path),
             "--out", str(out),
         ],
@@ -58,6 +59,7 @@ def test_eval_writes_a_paper_shaped_report(
         assert abs(sum(r["stop_reasons"].values()) - 1.0) < 1e-9
     assert rows[("naive_rag", "hotpotqa")]["turns"] == 1.0
     assert res["meta"]["corpus_passages"] == 9  # 3 records x 3 paragraphs, not just 2
+    assert res["meta"]["passage_words"] == 3
     md = (out / "results.md").read_text()
     assert "| method | hotpotqa | Avg |" in md and "| Naive RAG (" in md and "| Tool Call (" in md
     assert "| method | hotpotqa | Avg |" in stdout
@@ -109,6 +111,13 @@ def test_naive_rag_puts_passages_in_the_prompt_and_reads_the_answer_tag() -> Non
     assert "<tools>" not in seen[0]  # no tool listing in the prompt
     assert res.em == 1.0 and res.stop_reasons == {"answered": 1.0}
     assert res.by_group["all"]["turns"] == 1.0 and res.by_group["all"]["tool_calls"] == 0.0
+    seen.clear()
+    naive_rag(
+        [TASK], FakeRetriever(also={TASK.question: ["Shirley Temple"]}),
+        scripted("<answer>x</answer>", seen), byte_chat(), top_k=1, rollout=ROLLOUT,
+        passage_words=2,
+    )  # fmt: skip
+    assert "[1] Shirley Temple\nShirley Temple ...\n" in seen[0]
 
 
 def test_naive_rag_falls_back_to_the_first_line_without_a_tag() -> None:

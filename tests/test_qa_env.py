@@ -233,6 +233,8 @@ def test_build_setup_for_qa_runs_demonstrations_through_the_real_stack(tmp_path:
             f"task.qa.eval={{a: [{data}]}}",
             "task.qa.n_eval=2",
             "task.top_k=1",
+            "task.passage_words=3",
+            "task.process={enabled: true, valid_call: 0.0, evidence: 0.2}",
             "eval.splits=[a]",
             "rollout.max_turns=3",
         ],
@@ -251,6 +253,9 @@ def test_build_setup_for_qa_runs_demonstrations_through_the_real_stack(tmp_path:
     assert all(t.metrics["em"] == 1.0 and len(t.tool_log) == 2 for t in trajs)
     text = setup.chat.decode(trajs[0].token_ids)
     assert "<tools>" in text and '"query": "Person' in text
+    # passages clipped to 3 words; each search found one of the two supporting titles
+    assert all(e.content.endswith(" ...") for t in trajs for e in t.tool_log)
+    assert [[turn.reward for turn in t.turns] for t in trajs[:1]] == [[0.1, 0.1, 0.0]]
 
 
 def test_dataset_folder_entries_and_clear_errors(tmp_path: Path) -> None:

@@ -65,3 +65,20 @@ def test_outcome_reward_equals_metric(name: str) -> None:
     env.reset(Task("q", "?", ["New York City"]))
     reward, metrics = env.finish("new york")
     assert reward == metrics[name]
+
+
+def test_evidence_on_real_qa_matches_supporting_titles_case_insensitively() -> None:
+    task = Task("q", "?", ["x"], {"supporting_titles": ["Shirley Temple", "Kiss and Tell"]})
+
+    def search(turn: int, titles: list[str], previous=()) -> StepContext:
+        result = ToolResult("x", metadata={"titles": titles, "passage_ids": ["id"]})
+        return StepContext(
+            task, turn, "", [ToolCall("search", {"query": "q"})], [result], [], None, list(previous)
+        )
+
+    s0 = search(0, ["shirley  temple", "Other"])
+    s1 = search(1, ["Shirley Temple"], [s0])  # the same title again earns nothing
+    s2 = search(2, ["Kiss and Tell"], [s0, s1])
+    assert [new_evidence_shaping(s) for s in (s0, s1, s2)] == [0.5, 0.0, 0.5]
+    untitled = Task("q", "?", ["x"])  # question-only data: the shaping is inert
+    assert evidence_potential(StepContext(untitled, 0, "", [], [], [], None)) == 0.0

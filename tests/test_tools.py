@@ -160,7 +160,9 @@ def test_search_tool_formats_and_reports_ids() -> None:
     )
     out = asyncio.run(SearchTool(r, top_k=1)(query="Velmora"))
     assert out.content == "[1] Velmora\nVelmora is a city in Dranth."
-    assert out.metadata["passage_ids"] == ["a"]
+    assert out.metadata["passage_ids"] == ["a"] and out.metadata["titles"] == ["Velmora"]
+    clipped = asyncio.run(SearchTool(r, top_k=1, max_words=3)(query="Velmora"))
+    assert clipped.content == "[1] Velmora\nVelmora is a ..."
     assert asyncio.run(SearchTool(r)(query="zzz")).content == "No results found."
     empty = asyncio.run(SearchTool(r)(query="   "))
     assert not empty.ok and empty.metadata["error"] == "bad_arguments"

@@ -84,6 +84,7 @@ class SearchEnvFactory:
         system_prompt: first message (None: the question alone).
         outcome_reward: (answer, task) -> reward; EM by default (the eval metric).
         process_reward: per-step reward hook, or None.
+        passage_words: words kept of each passage in a search result (0 = all).
     """
 
     retriever: Retriever
@@ -91,10 +92,11 @@ class SearchEnvFactory:
     system_prompt: str | None = QA_SYSTEM_PROMPT
     outcome_reward: OutcomeReward = em_reward
     process_reward: ProcessReward | None = None
+    passage_words: int = 0
 
     def __call__(self) -> ToolEnv:
         return ToolEnv(
-            tools=[SearchTool(self.retriever, top_k=self.top_k)],
+            tools=[SearchTool(self.retriever, top_k=self.top_k, max_words=self.passage_words)],
             system_prompt=self.system_prompt,
             outcome_reward=self.outcome_reward,
             process_reward=self.process_reward,

@@ -36,7 +36,7 @@ NAIVE_RAG_SYSTEM_PROMPT = (
 """System prompt of the Naive RAG baseline."""
 
 
-def rag_prompt(question: str, passages: Sequence[Passage]) -> str:
+def rag_prompt(question: str, passages: Sequence[Passage], max_words: int = 0) -> str:
     """The user message of Naive RAG: the passages as the search tool formats them, then
     the question.
 
@@ -47,7 +47,7 @@ def rag_prompt(question: str, passages: Sequence[Passage]) -> str:
     <BLANKLINE>
     Question: Who?
     """
-    return f"Passages:\n{format_passages(list(passages))}\n\nQuestion: {question}"
+    return f"Passages:\n{format_passages(list(passages), max_words)}\n\nQuestion: {question}"
 
 
 def first_line(text: str) -> str | None:
@@ -71,11 +71,14 @@ class NaiveRAGEnv(ToolEnv):
     """
 
     passages: dict[str, list[Passage]] = field(default_factory=dict)
+    passage_words: int = 0
 
     def reset(self, task: Task) -> list[Message]:
         self.task = task
         self.history = []
-        user = Message("user", rag_prompt(task.question, self.passages.get(task.id, [])))
+        user = Message(
+            "user", rag_prompt(task.question, self.passages.get(task.id, []), self.passage_words)
+        )
         return [Message("system", self.system_prompt), user] if self.system_prompt else [user]
 
     async def step(self, text: str) -> StepResult:
@@ -90,7 +93,7 @@ class NaiveRAGEnv(ToolEnv):
 
 
 Method = Callable[..., EvalResult]
-"""(tasks, retriever, generator, chat, *, top_k, rollout, seed) -> EvalResult."""
+"""(tasks, retriever, generator, chat, *, top_k, rollout, seed, passage_words) -> EvalResult."""
 
 
 def naive_rag(
@@ -103,6 +106,7 @@ def naive_rag(
     rollout: RolloutConfig | None = None,
     seed: int = 0,
     system_prompt: str | None = NAIVE_RAG_SYSTEM_PROMPT,
+    passage_words: int = 0,
 ) -> EvalResult:
     """Naive RAG: top-k passages for the question in the prompt, one greedy turn.
 
@@ -115,13 +119,16 @@ def naive_rag(
             forced to 1.
         seed: sampling seed (greedy decoding does not use it).
         system_prompt: None for no system message.
+        passage_words: words kept of each passage (0 = all), as the search tool clips them.
     """
     hits = retriever.search_batch([t.question for t in tasks], top_k)
     by_id = {t.id: h for t, h in zip(tasks, hits, strict=True)}
     cfg = dataclasses.replace(rollout or RolloutConfig(), max_turns=1)
 
     def make_env() -> ToolEnv:
-        return NaiveRAGEnv(tools=[], system_prompt=system_prompt, passages=by_id)
+        return NaiveRAGEnv(
+            tools=[], system_prompt=system_prompt, passages=by_id, passage_words=passage_words
+        )
 
     return evaluate(tasks, make_env, generator, chat, cfg, temperature=0.0, seed=seed)
 
@@ -136,12 +143,15 @@ def base_tool_call(
     rollout: RolloutConfig | None = None,
     seed: int = 0,
     system_prompt: str | None = QA_SYSTEM_PROMPT,
+    passage_words: int = 0,
 ) -> EvalResult:
     """Tool calling: the `search` env and tool prompt through the normal rollout, greedy.
 
     Arguments as `naive_rag`; ``rollout.max_turns`` bounds the turns.
     """
-    make_env = SearchEnvFactory(retriever, top_k=top_k, system_prompt=system_prompt)
+    make_env = SearchEnvFactory(
+        retriever, top_k=top_k, system_prompt=system_prompt, passage_words=passage_words
+    )
     return evaluate(tasks, make_env, generator, chat, rollout or RolloutConfig(), 0.0, seed=seed)
 
 

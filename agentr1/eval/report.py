@@ -50,6 +50,7 @@ class EvalJob:
         retriever: "bm25", "dense", "hybrid" or an http:// URL.
         corpus: one of `CORPORA`.
         top_k: passages per search / in the Naive RAG prompt.
+        passage_words: words kept of each passage (0 = all).
         max_tasks: questions per dataset (0 = all).
         max_turns, max_tokens_per_turn, max_context: rollout budgets.
         chat_template: "qwen2.5" (the project's tools template) or "model" (the tokenizer's).
@@ -67,6 +68,7 @@ class EvalJob:
     retriever: str = "bm25"
     corpus: str = "contexts"
     top_k: int = 5
+    passage_words: int = 0
     max_tasks: int = 0
     max_turns: int = 5
     max_tokens_per_turn: int = 256
@@ -91,8 +93,8 @@ class EvalJob:
             errors.append(f"retriever {self.retriever!r}: use one of {', '.join(local)} or a URL")
         if self.corpus not in CORPORA:
             errors.append(f"corpus {self.corpus!r}: use one of {', '.join(CORPORA)}")
-        if self.top_k < 1 or self.max_tasks < 0:
-            errors.append("top_k must be >= 1 and max_tasks >= 0")
+        if self.top_k < 1 or self.max_tasks < 0 or self.passage_words < 0:
+            errors.append("top_k must be >= 1, max_tasks >= 0 and passage_words >= 0")
         if self.chat_template not in ("qwen2.5", "model"):
             errors.append(f"chat_template {self.chat_template!r}: use qwen2.5 or model")
         if errors:
@@ -355,6 +357,7 @@ def run_job(job: EvalJob, command: str = "") -> tuple[list[ResultRow], Path, Pat
                     generator,
                     chat,
                     top_k=job.top_k,
+                    passage_words=job.passage_words,
                     rollout=rollout,
                     seed=job.seed,
                 )

@@ -8,7 +8,7 @@ switch (``enabled``).
 Anything a policy could farm (e.g. "new evidence" by searching everything) is offered as
 potential-based shaping, F = γΦ(s') − Φ(s) (Ng, Harada & Russell 1999), which provably
 leaves the optimal policy unchanged. Φ here is the fraction of the task's supporting
-passages retrieved so far. With γ = 1 the shaping terms telescope to Φ(s_T) − Φ(s_0) over
+passages (real QA: supporting titles) retrieved so far. With γ = 1 the shaping terms telescope to Φ(s_T) − Φ(s_0) over
 an episode: they move credit to the turn that found the evidence (useful for token-level
 estimators such as GAE and REINFORCE++), and reward finding evidence at all by at most 1.
 """
@@ -73,24 +73,43 @@ def repeated_query(ctx: StepContext) -> float:
     return float(sum(q in seen for q in _queries(ctx)))
 
 
-def _retrieved(ctx: StepContext) -> set[str]:
+def _title_key(title: str) -> str:
+    return " ".join(title.lower().split())
+
+
+def _retrieved(ctx: StepContext, by_title: bool = False) -> set[str]:
+    """Passage ids (or title keys) the turn's search results returned."""
+    if by_title:
+        return {_title_key(str(t)) for r in ctx.results for t in r.metadata.get("titles", [])}
     return {str(i) for r in ctx.results for i in r.metadata.get("passage_ids", [])}
 
 
 def evidence_potential(ctx: StepContext, upto_self: bool = True) -> float:
-    """Φ: fraction of the task's supporting passage ids (``metadata["supporting"]``)
-    retrieved in the episode up to and including this step (or before it).
+    """Φ: fraction of the task's supporting evidence retrieved in the episode up to and
+    including this step (or before it).
 
-    Tasks without supporting ids have Φ = 0 everywhere (the shaping is then inert).
+    The evidence is the supporting passage ids (``metadata["supporting"]``, the embedded
+    world) or else the supporting titles (``metadata["supporting_titles"]``, real QA data,
+    matched case-insensitively against result titles). Tasks with neither have Φ = 0
+    everywhere (the shaping is then inert).
+
+    >>> from agentr1.types import Task, ToolCall, ToolResult
+    >>> t = Task("q", "?", ["a"], metadata={"supporting_titles": ["Velmora", "Ostrin"]})
+    >>> hit = ToolResult("[1] velmora", metadata={"titles": ["velmora"], "passage_ids": ["7"]})
+    >>> evidence_potential(StepContext(t, 0, "", [ToolCall("search", {})], [hit], [], None))
+    0.5
     """
-    support = set(ctx.task.metadata.get("supporting", []))
+    support = {str(i) for i in ctx.task.metadata.get("supporting", [])}
+    by_title = not support
+    if by_title:
+        support = {_title_key(str(t)) for t in ctx.task.metadata.get("supporting_titles", [])}
     if not support:
         return 0.0
     found: set[str] = set()
     for p in ctx.previous:
-        found |= _retrieved(p)
+        found |= _retrieved(p, by_title)
     if upto_self:
-        found |= _retrieved(ctx)
+        found |= _retrieved(ctx, by_title)
     return len(found & support) / len(support)
 
 

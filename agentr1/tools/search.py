@@ -14,8 +14,26 @@ NO_RESULTS = "No results found."
 MAX_QUERY_CHARS = 500
 
 
-def format_passages(passages: list[Passage]) -> str:
-    """The observation text: ``[i] Title`` then the passage text, one block per passage.
+def clip_words(text: str, max_words: int) -> str:
+    """The first ``max_words`` words of ``text``, with " ..." when words were cut; all of it
+    when ``max_words`` is 0.
+
+    >>> clip_words("Velmora is a small city.", 3)
+    'Velmora is a ...'
+    >>> clip_words("Velmora is a city.", 0)
+    'Velmora is a city.'
+    """
+    if max_words <= 0:
+        return text
+    words = text.split()
+    if len(words) <= max_words:
+        return text
+    return " ".join(words[:max_words]) + " ..."
+
+
+def format_passages(passages: list[Passage], max_words: int = 0) -> str:
+    """The observation text: ``[i] Title`` then the passage text (its first ``max_words``
+    words; 0 = all), one block per passage.
 
     >>> format_passages([Passage("p1", "Velmora", "Velmora is a city.")])
     '[1] Velmora\\nVelmora is a city.'
@@ -24,7 +42,9 @@ def format_passages(passages: list[Passage]) -> str:
     """
     if not passages:
         return NO_RESULTS
-    return "\n".join(f"[{i}] {p.title}\n{p.text}" for i, p in enumerate(passages, 1))
+    return "\n".join(
+        f"[{i}] {p.title}\n{clip_words(p.text, max_words)}" for i, p in enumerate(passages, 1)
+    )
 
 
 @dataclass
@@ -35,11 +55,14 @@ class SearchTool:
         retriever: any `Retriever` (in-process BM25, dense, or a retrieval-server client).
         top_k: passages returned per call.
         timeout_s: seconds before a call is abandoned.
+        max_words: words kept of each passage's text (0 = all). Wikipedia intros put the
+            facts first; clipping keeps several searches inside a small context.
     """
 
     retriever: Retriever
     top_k: int = 3
     timeout_s: float = 10.0
+    max_words: int = 0
     name: str = "search"
     description: str = "Search the encyclopedia and return the most relevant passages for a query."
     parameters: dict[str, Any] = field(
@@ -71,6 +94,10 @@ class SearchTool:
             timeout=self.timeout_s,
         )
         return ToolResult(
-            content=format_passages(passages),
-            metadata={"query": query, "passage_ids": [p.id for p in passages]},
+            content=format_passages(passages, self.max_words),
+            metadata={
+                "query": query,
+                "passage_ids": [p.id for p in passages],
+                "titles": [p.title for p in passages],
+            },
         )

@@ -207,6 +207,7 @@ def build_qa_setup(cfg: Config) -> Setup:
         system_prompt=QA_SYSTEM_PROMPT if system is None else system,
         outcome_reward=OUTCOME_REWARDS[cfg.task.outcome_reward],
         process_reward=cfg.task.process.build(),
+        passage_words=cfg.task.passage_words,
     )
     path = cfg.model.path
     tokenizer, chat, policy, generator, pad_id = load_policy(cfg, path)
