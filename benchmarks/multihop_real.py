@@ -157,6 +157,20 @@ def run_all(args: argparse.Namespace) -> None:
 
 
 # ---------------------------------------------------------------------------- report
+def rl_runs(root: Path) -> list[tuple[str, str]]:
+    """(directory name, row label) of every finished RL run under ``root``: ``grpo``,
+    ``ppo`` and copies such as ``grpo_20steps`` kept before a run was extended; GRPO
+    first, then by steps."""
+    runs = []
+    for d in root.iterdir() if root.is_dir() else ():
+        variant = d.name.split("_", 1)[0]
+        summary = d / "summary.json"
+        if variant in VARIANTS and summary.exists():
+            steps = int(json.loads(summary.read_text())["steps"])
+            runs.append((list(VARIANTS).index(variant), steps, d.name, variant))
+    return [(name, f"{v.upper()}, {n} steps") for _, n, name, v in sorted(runs)]
+
+
 def _rows(args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
     """(row label, split -> by_group) in the paper's order; missing phases are left out."""
     rows: list[tuple[str, dict[str, Any]]] = []
@@ -170,7 +184,7 @@ def _rows(args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
                 {s: r["by_group"] for s, r in b["naive_rag"].items()},
             )
         )
-    for name, label in (("warm_start", "SFT warm start"), ("grpo", "GRPO"), ("ppo", "PPO")):
+    for name, label in [("warm_start", "SFT warm start"), *rl_runs(args.root)]:
         path = args.root / name / "summary.json"
         if path.exists():
             rows.append((label, json.loads(path.read_text())["eval_after"]["greedy"]))
@@ -217,15 +231,20 @@ def plot(args: argparse.Namespace, out: Path) -> Path | None:
     import matplotlib.pyplot as plt
 
     panels = [
-        ("reward", "reward (F1 of the answer)"),
-        ("em", "EM of training rollouts"),
+        ("f1", "F1 of training answers"),
+        ("em", "EM of training answers"),
+        ("process_reward", "process reward / episode"),
         ("tool_calls", "tool calls / episode"),
         ("response_len", "sampled tokens / episode"),
         ("kl", "KL to the warm start"),
         ("time/step", "seconds / step (2 cores)"),
     ]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.4))
-    for ax, (key, title) in zip(axes, panels, strict=True):
+    cols = (len(panels) + 1) // 2
+    fig, grid = plt.subplots(2, cols, figsize=(4 * cols, 6.4))
+    axes = list(grid.flat)
+    for ax in axes[len(panels) :]:
+        ax.axis("off")
+    for ax, (key, title) in zip(axes, panels, strict=False):
         for name, rows in series.items():
             ys = [float(r.get(key, float("nan"))) for r in rows]
             smooth = [
@@ -269,7 +288,7 @@ def paired_section(args: argparse.Namespace) -> str:
     subsets["in domain (HotpotQA + 2Wiki)"] = ("hotpotqa", "2wiki")
     subsets["all three"] = tuple(LABELS)
     lines = []
-    for name in VARIANTS:
+    for name, label in rl_runs(args.root):
         scores = {
             (who, m): episode_scores(args, who, m)
             for who in ("warm_start", name)
@@ -291,7 +310,7 @@ def paired_section(args: argparse.Namespace) -> str:
                     f"{r.ci_high:+.3f}]) | {r.wins} / {r.losses} | {r.p_sign:.2g}"
                 )
             if len(cells) == 2:
-                lines.append(f"| {name.upper()} | {title} | {r.n} | " + " | ".join(cells) + " |")
+                lines.append(f"| {label} | {title} | {r.n} | " + " | ".join(cells) + " |")
     if not lines:
         return ""
     head = (

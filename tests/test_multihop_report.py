@@ -11,9 +11,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _summary(em: float) -> dict:
+def _summary(em: float, steps: int = 0) -> dict:
     group = {"all": {"em": em, "f1": em, "cover_em": em, "turns": 2.0, "tool_calls": 1.5, "n": 20}}
-    return {"eval_after": {"greedy": {s: group for s in ("hotpotqa", "2wiki", "musique")}}}
+    splits = {s: group for s in ("hotpotqa", "2wiki", "musique")}
+    return {"eval_after": {"greedy": splits}, "steps": steps}
 
 
 def _episodes(path: Path, label: str, correct: int) -> None:
@@ -38,20 +39,32 @@ def test_report_pairs_rl_runs_with_the_warm_start(tmp_path: Path) -> None:
     (tmp_path / "warm_start" / "summary.json").write_text(json.dumps(_summary(0.1)))
     _episodes(tmp_path / "warm_start" / "eval_episodes.jsonl", "before", 2)
     (tmp_path / "grpo").mkdir()
-    (tmp_path / "grpo" / "summary.json").write_text(json.dumps(_summary(0.5)))
+    (tmp_path / "grpo" / "summary.json").write_text(json.dumps(_summary(0.5, 40)))
     _episodes(tmp_path / "grpo" / "reeval" / "eval_episodes.jsonl", "before", 10)
+    # the copy kept before GRPO was extended: its own row and its own paired lines
+    (tmp_path / "grpo_20steps").mkdir()
+    (tmp_path / "grpo_20steps" / "summary.json").write_text(json.dumps(_summary(0.2, 20)))
+    _episodes(tmp_path / "grpo_20steps" / "eval_episodes.jsonl", "after", 4)
     (tmp_path / "ppo").mkdir()  # no records: a row, but no paired lines
-    (tmp_path / "ppo" / "summary.json").write_text(json.dumps(_summary(0.1)))
+    (tmp_path / "ppo" / "summary.json").write_text(json.dumps(_summary(0.1, 20)))
+    (tmp_path / "ppo_killed").mkdir()  # no summary: not a finished run, no row
     cmd = [sys.executable, str(ROOT / "benchmarks" / "multihop_real.py"), "report"]
     cmd += ["--root", str(tmp_path), "--docs", str(tmp_path / "docs")]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     md = (tmp_path / "results.md").read_text()
-    assert "| SFT warm start | 0.100 / 0.100 / 0.100 |" in md and "| PPO |" in md
+    assert "| SFT warm start | 0.100 / 0.100 / 0.100 |" in md and "| PPO, 20 steps |" in md
+    table = md.split("Paired against")[0].strip().splitlines()[2:]
+    table_rows = [x.split(" | ")[0] for x in table]
+    assert table_rows == [
+        "| SFT warm start", "| GRPO, 20 steps", "| GRPO, 40 steps", "| PPO, 20 steps"
+    ]  # fmt: skip
     paired_part = md.split("Paired against the warm start")[1]
-    pairs = [x for x in paired_part.splitlines() if x.startswith(("| GRPO |", "| PPO |"))]
-    # per dataset, in domain, all three; only GRPO has records (PPO's row is the table's)
-    assert len(pairs) == 5 and all(x.startswith("| GRPO |") for x in pairs)
+    pairs = [x for x in paired_part.splitlines() if x.startswith(("| GRPO", "| PPO"))]
+    # per dataset, in domain, all three for each GRPO run; PPO has no records
+    assert len(pairs) == 10 and all(x.startswith("| GRPO") for x in pairs)
+    assert sum(x.startswith("| GRPO, 20 steps |") for x in pairs) == 5
+    pairs = [x for x in pairs if x.startswith("| GRPO, 40 steps |")]
     cells = next(x for x in pairs if "| all three |" in x).split(" | ")
     assert cells[2] == "60" and cells[3].startswith("0.100 → 0.500 (+0.400 [")
     assert cells[4] == "24 / 0" and float(cells[5]) < 1e-6
