@@ -21,7 +21,9 @@ Phases (``all`` runs them in this order; each is also a subcommand):
 records, for a run made before training runs wrote ``eval_episodes.jsonl``.
 
 A phase whose output exists is skipped, so an interrupted ``all`` continues where it
-stopped (an RL phase resumes from its last checkpoint).
+stopped (an RL phase resumes from its last checkpoint). ``rl`` with more ``train.steps``
+than a finished run has extends that run, keeping its results so far as
+``ROOT/<variant>_<steps>steps`` (a row and paired lines of their own).
 """
 
 from __future__ import annotations
@@ -94,13 +96,46 @@ def warm(args: argparse.Namespace) -> None:
     train(config(args, ["train.steps=0", f"train.run_dir={run_dir}"]))
 
 
+KEPT = ("summary.json", "eval_episodes.jsonl", "report.md", "metrics.jsonl", "config.yaml")
+"""What `keep_finished` copies of a finished run (its results, not its checkpoints)."""
+
+
+def keep_finished(run_dir: Path) -> Path:
+    """Set a finished RL run up to be extended: copy its results (`KEPT`, the
+    ``final_model``) to ``<run_dir>_<steps>steps`` -- its own table row and paired lines --
+    then remove the finished markers from ``run_dir`` so a resume trains on from its last
+    checkpoint. Returns the copy."""
+    import shutil
+
+    steps = int(json.loads((run_dir / "summary.json").read_text())["steps"])
+    keep = run_dir.with_name(f"{run_dir.name}_{steps}steps")
+    if keep.exists():
+        raise SystemExit(f"{keep} exists already: move it away to extend {run_dir} again")
+    keep.mkdir()
+    for name in KEPT:
+        if (run_dir / name).exists():
+            shutil.copy2(run_dir / name, keep / name)
+    if (run_dir / "final_model").is_dir():
+        shutil.copytree(run_dir / "final_model", keep / "final_model")
+        shutil.rmtree(run_dir / "final_model")
+    for name in ("summary.json", "eval_episodes.jsonl", "report.md"):
+        (run_dir / name).unlink(missing_ok=True)
+    return keep
+
+
 def rl(args: argparse.Namespace) -> None:
-    """RL (``args.variant``) from the shared warm start -> ROOT/<variant>/."""
+    """RL (``args.variant``) from the shared warm start -> ROOT/<variant>/. A finished run
+    with fewer steps than ``train.steps`` is extended from its last checkpoint; its
+    results so far are kept as ROOT/<variant>_<steps>steps/ (`keep_finished`)."""
     from agentr1.trainer.loop import train
 
     run_dir = args.root / args.variant
-    if (run_dir / "summary.json").exists():
-        return
+    summary = run_dir / "summary.json"
+    if summary.exists():
+        done = int(json.loads(summary.read_text())["steps"])
+        if done >= config(args, []).train.steps:
+            return
+        print(f"extending {run_dir} from step {done}; kept {keep_finished(run_dir)}", flush=True)
     extra = [
         *VARIANTS[args.variant],
         f"model.path={args.root / 'warm_start' / 'final_model'}",

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -70,3 +72,29 @@ def test_report_pairs_rl_runs_with_the_warm_start(tmp_path: Path) -> None:
     assert cells[4] == "24 / 0" and float(cells[5]) < 1e-6
     musique = next(x for x in pairs if "MuSiQue" in x).split(" | ")
     assert musique[2] == "20" and musique[4] == "8 / 0"
+
+
+def test_keep_finished_copies_results_and_leaves_a_resumable_run(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from multihop_real import keep_finished
+    finally:
+        sys.path.pop(0)
+    run = tmp_path / "grpo"
+    (run / "final_model").mkdir(parents=True)
+    (run / "final_model" / "model.safetensors").write_text("w")
+    (run / "checkpoints" / "step_000020").mkdir(parents=True)
+    (run / "summary.json").write_text(json.dumps(_summary(0.2, 20)))
+    _episodes(run / "eval_episodes.jsonl", "after", 3)
+    (run / "metrics.jsonl").write_text('{"step": 19}\n')
+    keep = keep_finished(run)
+    assert keep == tmp_path / "grpo_20steps"
+    assert sorted(p.name for p in keep.iterdir()) == [
+        "eval_episodes.jsonl", "final_model", "metrics.jsonl", "summary.json"
+    ]  # fmt: skip
+    assert (keep / "final_model" / "model.safetensors").read_text() == "w"
+    # the run keeps its checkpoints and metrics (a resume appends), loses its end markers
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "metrics.jsonl"]
+    with pytest.raises(SystemExit, match="exists already"):
+        (run / "summary.json").write_text(json.dumps(_summary(0.2, 20)))
+        keep_finished(run)
