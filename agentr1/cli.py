@@ -88,7 +88,7 @@ def _compare(args: argparse.Namespace) -> int:
     try:
         where_a = {**pairs(args.where), **pairs(args.where_a)}
         where_b = {**pairs(args.where), **pairs(args.where_b)}
-        for res in compare_files(args.a, args.b, args.metric, where_a, where_b):
+        for res in compare_files(args.a, args.b, args.metric, where_a, where_b, args.common):
             print(res.line())
     except (OSError, ValueError) as e:
         print(f"agentr1 compare: {e}", file=sys.stderr)
@@ -192,6 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p_cmp.add_argument("--where-a", nargs="*", default=[], metavar="KEY=VALUE")
     p_cmp.add_argument("--where-b", nargs="*", default=[], metavar="KEY=VALUE")
+    p_cmp.add_argument(
+        "--common", action="store_true", help="pair only the questions both files have"
+    )
     p_serve = sub.add_parser("serve", help="serve a retriever over HTTP (127.0.0.1 by default)")
     p_serve.add_argument("what", choices=["retriever"])
     corpus = p_serve.add_mutually_exclusive_group(required=True)

@@ -99,3 +99,17 @@ def test_compare_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     assert "missing.jsonl" in capsys.readouterr().err
     assert main(["compare", str(a), str(b), "--where", "label"]) == 2
     assert "KEY=VALUE" in capsys.readouterr().err
+
+
+def test_common_pairs_the_shared_questions_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    row = {"label": "before", "split": "s", "em": 0.0, "f1": 0.0}
+    small = _write(tmp_path / "small.jsonl", [{**row, "task_id": str(i)} for i in range(2)])
+    big = _write(tmp_path / "big.jsonl", [{**row, "task_id": str(i), "em": 1.0} for i in range(5)])
+    assert main(["compare", str(small), str(big)]) == 2
+    assert "0 only in A (e.g. []), 3 only in B" in capsys.readouterr().err
+    assert main(["compare", str(small), str(big), "--metric", "em", "--common"]) == 0
+    assert "2 better, 0 worse, 0 same of 2" in capsys.readouterr().out
+    (res,) = compare_files(big, small, ["em"], common=True)
+    assert (res.n, res.mean_a, res.mean_b) == (2, 1.0, 0.0)

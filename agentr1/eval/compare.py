@@ -178,8 +178,20 @@ def compare_files(
     metrics: Sequence[str] = ("em", "f1"),
     where_a: Mapping[str, str] | None = None,
     where_b: Mapping[str, str] | None = None,
+    common: bool = False,
 ) -> list[Paired]:
-    """`paired` for every metric between two episode files."""
-    return [
-        paired(load_scores(path_a, m, where_a), load_scores(path_b, m, where_b), m) for m in metrics
-    ]
+    """`paired` for every metric between two episode files.
+
+    Args:
+        common: pair only the questions both files have (e.g. a 40-question eval inside
+            a 100-question one), instead of refusing files that differ; `Paired.n` says
+            how many were paired.
+    """
+    out = []
+    for m in metrics:
+        a, b = load_scores(path_a, m, where_a), load_scores(path_b, m, where_b)
+        if common:
+            a = {k: v for k, v in a.items() if k in b}
+            b = {k: v for k, v in b.items() if k in a}
+        out.append(paired(a, b, m))
+    return out
