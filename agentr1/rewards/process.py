@@ -8,9 +8,10 @@ switch (``enabled``).
 Anything a policy could farm (e.g. "new evidence" by searching everything) is offered as
 potential-based shaping, F = γΦ(s') − Φ(s) (Ng, Harada & Russell 1999), which provably
 leaves the optimal policy unchanged. Φ here is the fraction of the task's supporting
-passages (real QA: supporting titles) retrieved so far. With γ = 1 the shaping terms telescope to Φ(s_T) − Φ(s_0) over
-an episode: they move credit to the turn that found the evidence (useful for token-level
-estimators such as GAE and REINFORCE++), and reward finding evidence at all by at most 1.
+passages (real QA: supporting titles) retrieved so far. With γ = 1 the shaping terms
+telescope to Φ(s_T) − Φ(s_0) over an episode: they move credit to the turn that found the
+evidence (useful for token-level estimators such as GAE and REINFORCE++), and reward
+finding evidence at all by at most 1.
 """
 
 from __future__ import annotations
