@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from agentr1.data.splits import normalize_question
 from agentr1.types import StepContext
 
 ProcessReward = Callable[[StepContext], float]
@@ -74,14 +75,12 @@ def repeated_query(ctx: StepContext) -> float:
     return float(sum(q in seen for q in _queries(ctx)))
 
 
-def _title_key(title: str) -> str:
-    return " ".join(title.lower().split())
-
-
 def _retrieved(ctx: StepContext, by_title: bool = False) -> set[str]:
     """Passage ids (or title keys) the turn's search results returned."""
     if by_title:
-        return {_title_key(str(t)) for r in ctx.results for t in r.metadata.get("titles", [])}
+        return {
+            normalize_question(str(t)) for r in ctx.results for t in r.metadata.get("titles", [])
+        }
     return {str(i) for r in ctx.results for i in r.metadata.get("passage_ids", [])}
 
 
@@ -91,7 +90,8 @@ def evidence_potential(ctx: StepContext, upto_self: bool = True) -> float:
 
     The evidence is the supporting passage ids (``metadata["supporting"]``, the embedded
     world) or else the supporting titles (``metadata["supporting_titles"]``, real QA data,
-    matched case-insensitively against result titles). Tasks with neither have Φ = 0
+    matched against result titles by `normalize_question`, case and punctuation ignored, as
+    the supporting-facts demonstrations match them). Tasks with neither have Φ = 0
     everywhere (the shaping is then inert).
 
     >>> from agentr1.types import Task, ToolCall, ToolResult
@@ -103,7 +103,9 @@ def evidence_potential(ctx: StepContext, upto_self: bool = True) -> float:
     support = {str(i) for i in ctx.task.metadata.get("supporting", [])}
     by_title = not support
     if by_title:
-        support = {_title_key(str(t)) for t in ctx.task.metadata.get("supporting_titles", [])}
+        support = {
+            normalize_question(str(t)) for t in ctx.task.metadata.get("supporting_titles", [])
+        }
     if not support:
         return 0.0
     found: set[str] = set()
