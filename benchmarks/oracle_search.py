@@ -63,6 +63,7 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*", help="section.field=value")
     args = ap.parse_args()
 
+    from agentr1.data import normalize_question
     from agentr1.eval.compare import paired
     from agentr1.eval.evaluate import evaluate
     from agentr1.trainer.qa_setup import load_qa_data
@@ -74,10 +75,12 @@ def main() -> None:
     tasks = setup.tasks[args.split]
     by_title: dict[str, list[Passage]] = {}
     for p in load_qa_data(cfg.task.qa).passages:
-        by_title.setdefault(p.title.lower(), []).append(p)
+        by_title.setdefault(normalize_question(p.title), []).append(p)
     gold = {
         t.id: [
-            p for s in t.metadata.get("supporting_titles", []) for p in by_title.get(s.lower(), [])
+            p
+            for s in t.metadata.get("supporting_titles", [])
+            for p in by_title.get(normalize_question(s), [])
         ]
         for t in tasks
     }
