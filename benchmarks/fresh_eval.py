@@ -1,0 +1,157 @@
+"""Re-test a comparison on fresh questions: greedy evals of several models on eval-split
+questions that no run of the recipe has seen, then each model paired against the first.
+
+A difference first seen on the recipe's ``task.qa.n_eval`` questions per split (and
+tested there) is a hypothesis; this script tests it again on new data. The fresh
+questions of a split are the next ``--take`` in the split's seeded order (the recipe's own
+n_eval come first, `agentr1.data.split`), minus every question the recipe trains on (by id
+or normalized question): a split whose file is also a training file (2Wiki in
+``recipes/multihop_smollm2.yaml``) has almost none left, and says so.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/fresh_eval.py --out runs/multihop_real2/fresh \\
+        --model warm=runs/multihop_real2/warm_start/final_model \\
+        --model grpo40=runs/multihop_real2/grpo/final_model \\
+        --take 200 --splits hotpotqa musique task.qa.data_dir=../shared/data/raw
+
+Writes ``OUT/<name>.jsonl`` (one record per question, `agentr1.eval.compare` reads them)
+and ``OUT/fresh.md`` (per split and overall: EM, F1 and the paired lines). A model whose
+records exist is not evaluated again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from agentr1.config import Config, load_config
+
+RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "multihop_smollm2.yaml"
+
+
+def fresh_tasks(cfg: Config, take: int, splits: list[str]) -> tuple[dict[str, list[Any]], str]:
+    """split -> the fresh tasks (see the module docstring), and a line saying how many of
+    the next ``take`` were dropped for being training questions."""
+    import dataclasses
+
+    from agentr1.data import normalize_question
+    from agentr1.trainer.qa_setup import load_qa_data
+
+    qa = cfg.task.qa
+    if qa.n_eval <= 0:
+        raise ValueError("task.qa.n_eval is 0: every question is already an eval question")
+    bad = [name for name in splits if name not in qa.eval_files]
+    if bad:
+        raise ValueError(
+            f"--splits: {bad[0]!r} is not an eval split of the recipe "
+            f"(it has {', '.join(qa.eval_files)})"
+        )
+    used = load_qa_data(qa).tasks
+    wider = load_qa_data(dataclasses.replace(qa, n_eval=qa.n_eval + take)).tasks
+    seen = {k for ts in used.values() for t in ts for k in (t.id, normalize_question(t.question))}
+    out: dict[str, list[Any]] = {}
+    notes = []
+    for name in splits:
+        # Not a slice: a sample that covers a whole file keeps the file's order.
+        before = {t.id for t in used[name]}
+        new = [t for t in wider[name] if t.id not in before]
+        out[name] = [
+            t for t in new if t.id not in seen and normalize_question(t.question) not in seen
+        ]
+        notes.append(f"{name}: {len(out[name])} fresh of the next {len(new)}")
+    return out, "; ".join(notes)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--model",
+        action="append",
+        required=True,
+        metavar="NAME=DIR",
+        help="a model to evaluate; the first is the reference of the pairing",
+    )
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--take", type=int, default=100, help="next questions per split")
+    ap.add_argument("--splits", nargs="+", default=["hotpotqa", "musique"])
+    ap.add_argument("--recipe", default=str(RECIPE))
+    ap.add_argument("overrides", nargs="*", help="section.field=value")
+    args = ap.parse_args()
+    models = [m.split("=", 1) for m in args.model]
+    if any(len(m) != 2 or not m[0] for m in models):
+        ap.error("--model takes NAME=DIR")
+
+    from agentr1.eval.compare import load_scores, paired
+    from agentr1.eval.evaluate import episode_record, evaluate
+    from agentr1.trainer.setup import build_setup
+
+    base = load_config(args.recipe, args.overrides)
+    tasks, note = fresh_tasks(base, args.take, args.splits)
+    print(note, flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name, path in models:
+        records = args.out / f"{name}.jsonl"
+        if records.exists():
+            continue
+        setup = build_setup(load_config(args.recipe, [*args.overrides, f"model.path={path}"]))
+        setup.policy.eval()
+        lines = []
+        for split, ts in tasks.items():
+            t0 = time.perf_counter()
+            res = evaluate(ts, setup.make_env, setup.generator, setup.chat, base.rollout, 0.0)
+            by_id = {t.id: t for t in ts}
+            lines += [
+                json.dumps({"split": split, **episode_record(t, by_id[t.task_id])})
+                for t in res.trajectories
+            ]
+            g = res.by_group["all"]
+            print(
+                f"{name} {split}: EM {g['em']:.3f} F1 {g['f1']:.3f} tool calls "
+                f"{g['tool_calls']:.2f} ({len(ts)} q, {time.perf_counter() - t0:.0f} s)",
+                flush=True,
+            )
+        tmp = records.with_suffix(".tmp")
+        tmp.write_text("\n".join(lines) + "\n")
+        tmp.replace(records)
+
+    ref = models[0][0]
+    scores = {
+        (name, m): load_scores(args.out / f"{name}.jsonl", m)
+        for name, _ in models
+        for m in ("em", "f1")
+    }
+    md = [
+        f"Fresh questions ({note}); greedy; each model paired against `{ref}`.",
+        "",
+        "| model | questions | n | EM | F1 | EM Δ [CI], better/worse, p | F1 Δ [CI], p |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, _ in models:
+        for title, keep in [*((s, (s,)) for s in tasks), ("all", tuple(tasks))]:
+            em, f1 = (
+                paired(
+                    {k: v for k, v in scores[(ref, m)].items() if k.split("/", 1)[0] in keep},
+                    {k: v for k, v in scores[(name, m)].items() if k.split("/", 1)[0] in keep},
+                    m,
+                )
+                for m in ("em", "f1")
+            )
+            vs = "reference |"
+            if name != ref:
+                vs = (
+                    f"{em.diff:+.3f} [{em.ci_low:+.3f}, {em.ci_high:+.3f}], {em.wins}/"
+                    f"{em.losses}, {em.p_sign:.2g} | {f1.diff:+.3f} [{f1.ci_low:+.3f}, "
+                    f"{f1.ci_high:+.3f}], {f1.p_sign:.2g}"
+                )
+            md.append(f"| {name} | {title} | {em.n} | {em.mean_b:.3f} | {f1.mean_b:.3f} | {vs} |")
+    text = "\n".join(md) + "\n"
+    (args.out / "fresh.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
