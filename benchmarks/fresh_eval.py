@@ -24,14 +24,14 @@ import argparse
 import json
 import time
 from pathlib import Path
-from typing import Any
 
 from agentr1.config import Config, load_config
+from agentr1.types import Task
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "multihop_smollm2.yaml"
 
 
-def fresh_tasks(cfg: Config, take: int, splits: list[str]) -> tuple[dict[str, list[Any]], str]:
+def fresh_tasks(cfg: Config, take: int, splits: list[str]) -> tuple[dict[str, list[Task]], str]:
     """split -> the fresh tasks (see the module docstring), and a line saying how many of
     the next ``take`` were dropped for being training questions."""
     import dataclasses
@@ -50,15 +50,18 @@ def fresh_tasks(cfg: Config, take: int, splits: list[str]) -> tuple[dict[str, li
         )
     used = load_qa_data(qa).tasks
     wider = load_qa_data(dataclasses.replace(qa, n_eval=qa.n_eval + take)).tasks
-    seen = {k for ts in used.values() for t in ts for k in (t.id, normalize_question(t.question))}
-    out: dict[str, list[Any]] = {}
+    seen_ids = {t.id for ts in used.values() for t in ts}
+    seen_questions = {normalize_question(t.question) for ts in used.values() for t in ts}
+    out: dict[str, list[Task]] = {}
     notes = []
     for name in splits:
         # Not a slice: a sample that covers a whole file keeps the file's order.
         before = {t.id for t in used[name]}
         new = [t for t in wider[name] if t.id not in before]
         out[name] = [
-            t for t in new if t.id not in seen and normalize_question(t.question) not in seen
+            t
+            for t in new
+            if t.id not in seen_ids and normalize_question(t.question) not in seen_questions
         ]
         notes.append(f"{name}: {len(out[name])} fresh of the next {len(new)}")
     return out, "; ".join(notes)
