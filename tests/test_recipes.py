@@ -50,7 +50,8 @@ def test_smollm2_recipe_is_sized_for_cpu() -> None:
     cfg = recipe("multihop_smollm2.yaml")
     assert cfg.model.path == "smollm2-135m-instruct" and cfg.model.chat_template == "qwen2.5"
     assert cfg.task.kind == "qa" and cfg.sft.enabled and cfg.algo.estimator == "grpo"
-    assert (cfg.train.tasks_per_step, cfg.rollout.n_samples) == (4, 6)
+    assert (cfg.train.tasks_per_step, cfg.rollout.n_samples) == (6, 4)
+    assert cfg.rollout.temperature == 1.0 and cfg.train.steps == 20
     # searching must pay (evidence shaping) and two searches must fit the context
     assert cfg.task.process.enabled and cfg.task.process.evidence > 0
     assert cfg.task.passage_words == 80 and cfg.task.top_k == 2
