@@ -105,7 +105,15 @@ def main() -> None:
         lines = []
         for split, ts in tasks.items():
             t0 = time.perf_counter()
-            res = evaluate(ts, setup.make_env, setup.generator, setup.chat, base.rollout, 0.0)
+            res = evaluate(
+                ts,
+                setup.make_env,
+                setup.generator,
+                setup.chat,
+                base.rollout,
+                0.0,
+                batch_tasks=base.eval.batch_tasks,
+            )
             by_id = {t.id: t for t in ts}
             lines += [
                 json.dumps({"split": split, **episode_record(t, by_id[t.task_id])})
