@@ -84,6 +84,9 @@ def main() -> None:
     ap.add_argument("--recipe", default=str(RECIPE))
     ap.add_argument("overrides", nargs="*", help="section.field=value")
     args = ap.parse_args()
+    # --splits takes several names, so overrides written after it land there: move them.
+    args.overrides += [s for s in args.splits if "=" in s]
+    args.splits = [s for s in args.splits if "=" not in s]
     models = [m.split("=", 1) for m in args.model]
     if any(len(m) != 2 or not m[0] for m in models):
         ap.error("--model takes NAME=DIR")
