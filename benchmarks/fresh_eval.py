@@ -13,6 +13,9 @@ or normalized question): a split whose file is also a training file (2Wiki in
         --model grpo40=runs/multihop_real2/grpo/final_model \\
         --take 200 --splits hotpotqa musique task.qa.data_dir=../shared/data/raw
 
+A second re-test on still newer questions takes more and skips those of the first
+(``--take 400 --skip 185``: the first took 200 and found 185 fresh).
+
 Writes ``OUT/<name>.jsonl`` (one record per question, `agentr1.eval.compare` reads them)
 and ``OUT/fresh.md`` (per split and overall: EM, F1 and the paired lines). A model whose
 records exist is not evaluated again.
@@ -31,15 +34,24 @@ from agentr1.types import Task
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "multihop_smollm2.yaml"
 
 
-def fresh_tasks(cfg: Config, take: int, splits: list[str]) -> tuple[dict[str, list[Task]], str]:
+def fresh_tasks(
+    cfg: Config, take: int, splits: list[str], skip: int = 0
+) -> tuple[dict[str, list[Task]], str]:
     """split -> the fresh tasks (see the module docstring), and a line saying how many of
-    the next ``take`` were dropped for being training questions."""
+    the next ``take`` were dropped for being training questions.
+
+    ``skip`` drops the first fresh tasks of each split: those of an earlier run with
+    ``--take`` T are the first ``len`` of any later one with a larger take, because the
+    seeded order does not depend on how many are taken. A second re-test then never meets
+    a question the first one saw."""
     import dataclasses
 
-    from agentr1.data import normalize_question
+    from agentr1.data import normalize_question, seeded_rank
     from agentr1.trainer.qa_setup import load_qa_data
 
     qa = cfg.task.qa
+    if skip < 0 or take <= 0:
+        raise ValueError(f"--take must be positive and --skip at least 0 (got {take}, {skip})")
     if qa.n_eval <= 0:
         raise ValueError("task.qa.n_eval is 0: every question is already an eval question")
     bad = [name for name in splits if name not in qa.eval_files]
@@ -55,15 +67,21 @@ def fresh_tasks(cfg: Config, take: int, splits: list[str]) -> tuple[dict[str, li
     out: dict[str, list[Task]] = {}
     notes = []
     for name in splits:
-        # Not a slice: a sample that covers a whole file keeps the file's order.
+        # Not a slice, and re-sorted: a sample that covers a whole file comes back in file
+        # order, and the first n_eval of the seeded order are the recipe's eval questions.
         before = {t.id for t in used[name]}
-        new = [t for t in wider[name] if t.id not in before]
-        out[name] = [
+        new = sorted(
+            (t for t in wider[name] if t.id not in before),
+            key=lambda t: seeded_rank(qa.split_seed, t.id),
+        )
+        fresh = [
             t
             for t in new
             if t.id not in seen_ids and normalize_question(t.question) not in seen_questions
         ]
-        notes.append(f"{name}: {len(out[name])} fresh of the next {len(new)}")
+        out[name] = fresh[skip:]
+        skipped = f" after skipping the first {skip}" if skip else ""
+        notes.append(f"{name}: {len(out[name])} fresh of the next {len(new)}{skipped}")
     return out, "; ".join(notes)
 
 
@@ -80,6 +98,12 @@ def main() -> None:
     )
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--take", type=int, default=100, help="next questions per split")
+    ap.add_argument(
+        "--skip",
+        type=int,
+        default=0,
+        help="drop the first N fresh questions per split (those of an earlier re-test)",
+    )
     ap.add_argument("--splits", nargs="+", default=["hotpotqa", "musique"])
     ap.add_argument("--recipe", default=str(RECIPE))
     ap.add_argument("overrides", nargs="*", help="section.field=value")
@@ -96,7 +120,7 @@ def main() -> None:
     from agentr1.trainer.setup import build_setup
 
     base = load_config(args.recipe, args.overrides)
-    tasks, note = fresh_tasks(base, args.take, args.splits)
+    tasks, note = fresh_tasks(base, args.take, args.splits, args.skip)
     print(note, flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     for name, path in models:

@@ -70,3 +70,28 @@ def test_fresh_tasks_names_a_bad_split(tmp_path: Path) -> None:
         ValueError, match=r"'train' is not an eval split of the recipe \(it has dev\)"
     ):
         fresh_tasks(cfg, 2, ["train"])
+
+
+def test_skip_continues_where_an_earlier_retest_stopped(tmp_path: Path) -> None:
+    dev = write_jsonl(tmp_path / "dev.jsonl", [ircot_record(i) for i in range(40)])
+    train = write_jsonl(
+        tmp_path / "train.jsonl",
+        [ircot_record(200 + i, f"where was person {i} born") for i in range(0, 40, 3)]
+        + [ircot_record(300)],
+    )
+    qa = QAConfig(train=[train], eval={"dev": [dev]}, n_eval=5, data_dir="/")
+    cfg = Config(task=TaskConfig(kind="qa", qa=qa))
+    first, _ = fresh_tasks(cfg, 10, ["dev"])
+    # 5 + 35 covers the whole file, whose sample comes back in file order: the fresh ones
+    # must still follow the seeded order, or the skipped ones are not the first re-test's.
+    both, _ = fresh_tasks(cfg, 35, ["dev"])
+    second, note = fresh_tasks(cfg, 35, ["dev"], skip=len(first["dev"]))
+    ids = [t.id for t in first["dev"]], [t.id for t in second["dev"]]
+    assert ids[0] and ids[1]
+    assert not set(ids[0]) & set(ids[1])
+    assert ids[0] + ids[1] == [t.id for t in both["dev"]]
+    assert note == (
+        f"dev: {len(ids[1])} fresh of the next 35 after skipping the first {len(ids[0])}"
+    )
+    with pytest.raises(ValueError, match="--skip at least 0"):
+        fresh_tasks(cfg, 5, ["dev"], skip=-1)

@@ -27,7 +27,13 @@ from agentr1.data.formats import (
     paragraph_id,
     qa_files,
 )
-from agentr1.data.splits import corpus_paragraphs, dedupe, normalize_question, split
+from agentr1.data.splits import (
+    corpus_paragraphs,
+    dedupe,
+    normalize_question,
+    seeded_rank,
+    split,
+)
 
 __all__ = [
     "CORPUS_FORMATS",
@@ -48,5 +54,6 @@ __all__ = [
     "normalize_question",
     "paragraph_id",
     "qa_files",
+    "seeded_rank",
     "split",
 ]

@@ -66,7 +66,9 @@ def dedupe(samples: Iterable[QASample]) -> list[QASample]:
     return kept
 
 
-def _rank(seed: int, sample_id: str) -> str:
+def seeded_rank(seed: int, sample_id: str) -> str:
+    """The sort key of `split`: samples sorted by it are in the seeded order, which depends
+    only on the seed and the id (so any n first ones are the same whatever n is)."""
     return hashlib.sha256(f"{seed}\n{sample_id}".encode()).hexdigest()
 
 
@@ -131,7 +133,7 @@ def split(
         dup = next(i for i in ids if ids.count(i) > 1)
         raise ValueError(f"duplicate sample id {dup!r}: call dedupe() before split()")
     counts = _sizes(sizes, len(samples))
-    ordered = sorted(samples, key=lambda s: _rank(seed, s.id))
+    ordered = sorted(samples, key=lambda s: seeded_rank(seed, s.id))
     out, start = {}, 0
     for name, count in counts.items():
         out[name] = ordered[start : start + count]
