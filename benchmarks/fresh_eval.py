@@ -16,6 +16,17 @@ or normalized question): a split whose file is also a training file (2Wiki in
 A second re-test on still newer questions takes more and skips those of the first
 (``--take 400 --skip 185``: the first took 200 and found 185 fresh).
 
+When the eval files run out, ``--train-pool RL_DRAWS`` tests on the recipe's training
+questions that no model of the comparison trained on: neither the warm start's
+demonstrations nor the first RL_DRAWS RL draws (`untrained_tasks`; a model whose run drew
+more is refused). The recipe's pool holds 1,092 questions; 400 demonstrated and the first
+200 draws leave 577:
+
+    PYTHONPATH=. .venv/bin/python benchmarks/fresh_eval.py --out runs/multihop_real2L/pool \\
+        --model warm=runs/multihop_real2/warm_start/final_model \\
+        --model grpo=runs/multihop_real2L/grpo/final_model \\
+        --train-pool 200 --take 1000 task.qa.data_dir=../shared/data/raw
+
 Writes ``OUT/<name>.jsonl`` (one record per question, `agentr1.eval.compare` reads them)
 and ``OUT/fresh.md`` (per split and overall: EM, F1 and the paired lines). A model whose
 records exist is not evaluated again.
@@ -85,6 +96,79 @@ def fresh_tasks(
     return out, "; ".join(notes)
 
 
+def untrained_tasks(
+    cfg: Config, rl_draws: int, take: int, skip: int = 0
+) -> tuple[dict[str, list[Task]], str]:
+    """``pool_<dataset>`` -> the recipe's training questions that neither its warm start's
+    demonstrations (`demo_picks`) nor its first ``rl_draws`` RL draws (`TaskSampler`,
+    ``train.seed``) used, and no eval question repeats; a line saying how many.
+
+    An RL run of S steps draws S x ``train.tasks_per_step`` questions, in the same seeded
+    order whatever S, so excluding the first ``rl_draws`` covers every run that drew no
+    more. The pool is taken in the seeded order (`seeded_rank`): ``skip`` drops its first
+    questions, ``take`` caps the rest, so later re-tests can continue where one stopped."""
+    from agentr1.data import normalize_question, seeded_rank
+    from agentr1.trainer.loop import TaskSampler, demo_picks
+    from agentr1.trainer.qa_setup import load_qa_data
+
+    if skip < 0 or take <= 0 or rl_draws < 0:
+        raise ValueError(
+            f"--take must be positive, --skip and --train-pool at least 0 "
+            f"(got {take}, {skip}, {rl_draws})"
+        )
+    qa = cfg.task.qa
+    tasks = load_qa_data(qa).tasks
+    train = tasks["train"]
+    demos = demo_picks([train], cfg.sft.demos, cfg.train.seed)[0] if cfg.sft.enabled else []
+    drawn = TaskSampler(train, cfg.train.seed).sample(rl_draws) if train else []
+    used = [*demos, *drawn, *(t for name, ts in tasks.items() if name != "train" for t in ts)]
+    used_ids = {t.id for t in used}
+    used_questions = {normalize_question(t.question) for t in used}
+    pool = sorted(
+        (
+            t
+            for t in train
+            if t.id not in used_ids and normalize_question(t.question) not in used_questions
+        ),
+        key=lambda t: seeded_rank(qa.split_seed, t.id),
+    )
+    picked = pool[skip : skip + take]
+    out: dict[str, list[Task]] = {}
+    for t in picked:
+        out.setdefault(f"pool_{t.metadata.get('dataset', 'qa')}", []).append(t)
+    note = (
+        f"training pool: {len(pool)} of {len(train)} questions untrained on (minus "
+        f"{len({t.id for t in demos})} demonstrated and {len({t.id for t in drawn})} drawn by "
+        f"the first {rl_draws} RL draws); taking {len(picked)}"
+        + (f" after skipping the first {skip}" if skip else "")
+        + "".join(f"; {name}: {len(ts)}" for name, ts in sorted(out.items()))
+    )
+    return out, note
+
+
+def check_draws(model_dir: Path, rl_draws: int, seed: int) -> None:
+    """Refuse a model whose run (``model_dir``'s parent, as the trainer writes it) drew
+    more RL questions than ``rl_draws`` or drew them with another seed: its "untrained"
+    pool would hold questions it trained on. Models from elsewhere are not checked."""
+    run = model_dir.parent
+    summary, config = run / "summary.json", run / "config.yaml"
+    if not (summary.is_file() and config.is_file()):
+        return
+    import yaml
+
+    cfg = yaml.safe_load(config.read_text()) or {}
+    steps = int(json.loads(summary.read_text()).get("steps", 0))
+    per_step = int(cfg.get("train", {}).get("tasks_per_step", 0))
+    run_seed = cfg.get("train", {}).get("seed", seed)
+    if steps and run_seed != seed:
+        raise SystemExit(f"{run}: trained with train.seed={run_seed}, the pool assumes {seed}")
+    if steps * per_step > rl_draws:
+        raise SystemExit(
+            f"{run}: {steps} RL steps x {per_step} questions = {steps * per_step} draws, more "
+            f"than --train-pool {rl_draws}: some pool questions were trained on"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -105,6 +189,13 @@ def main() -> None:
         help="drop the first N fresh questions per split (those of an earlier re-test)",
     )
     ap.add_argument("--splits", nargs="+", default=["hotpotqa", "musique"])
+    ap.add_argument(
+        "--train-pool",
+        type=int,
+        metavar="RL_DRAWS",
+        help="test on the training questions no demonstration and none of the first "
+        "RL_DRAWS RL draws used (`untrained_tasks`), instead of eval-split leftovers",
+    )
     ap.add_argument("--recipe", default=str(RECIPE))
     ap.add_argument("overrides", nargs="*", help="section.field=value")
     args = ap.parse_args()
@@ -120,7 +211,12 @@ def main() -> None:
     from agentr1.trainer.setup import build_setup
 
     base = load_config(args.recipe, args.overrides)
-    tasks, note = fresh_tasks(base, args.take, args.splits, args.skip)
+    if args.train_pool is None:
+        tasks, note = fresh_tasks(base, args.take, args.splits, args.skip)
+    else:
+        for _, path in models:
+            check_draws(Path(path), args.train_pool, base.train.seed)
+        tasks, note = untrained_tasks(base, args.train_pool, args.take, args.skip)
     print(note, flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     for name, path in models:

@@ -8,15 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from agentr1.config import Config, QAConfig, TaskConfig
+from agentr1.config import Config, QAConfig, SFTConfig, TaskConfig, TrainConfig
 from agentr1.data import normalize_question
+from agentr1.trainer.loop import TaskSampler, demo_picks
 from agentr1.trainer.qa_setup import load_qa_data
 
 from .test_qa_env import ircot_record, write_jsonl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 try:
-    from fresh_eval import fresh_tasks
+    from fresh_eval import check_draws, fresh_tasks, untrained_tasks
 finally:
     sys.path.pop(0)
 
@@ -95,3 +96,59 @@ def test_skip_continues_where_an_earlier_retest_stopped(tmp_path: Path) -> None:
     )
     with pytest.raises(ValueError, match="--skip at least 0"):
         fresh_tasks(cfg, 5, ["dev"], skip=-1)
+
+
+def pool_config(tmp_path: Path, demos: int = 10, seed: int = 3) -> Config:
+    dev = write_jsonl(tmp_path / "dev.jsonl", [ircot_record(i) for i in range(5)])
+    # 40 training questions; id 100's question rewords dev question 2.
+    train = write_jsonl(
+        tmp_path / "train.jsonl",
+        [ircot_record(100, "where was PERSON 2 born")] + [ircot_record(i) for i in range(101, 140)],
+    )
+    qa = QAConfig(train=[train], eval={"dev": [dev]}, n_eval=5, data_dir="/")
+    return Config(
+        task=TaskConfig(kind="qa", qa=qa),
+        sft=SFTConfig(demos=demos),
+        train=TrainConfig(seed=seed, tasks_per_step=4),
+    )
+
+
+def test_the_training_pool_leaves_out_every_question_a_model_trained_on(tmp_path: Path) -> None:
+    cfg = pool_config(tmp_path)
+    train = load_qa_data(cfg.task.qa).tasks["train"]
+    assert len(train) == 39 and "id100" not in {t.id for t in train}  # dev's question
+    demos = {t.id for t in demo_picks([train], 10, cfg.train.seed)[0]}
+    drawn = {t.id for t in TaskSampler(train, cfg.train.seed).sample(12)}
+    assert len(demos) == 10 and len(drawn) == 12
+    pool, note = untrained_tasks(cfg, 12, take=100)
+    (name,) = pool  # one dataset, named after the file's
+    assert name.startswith("pool_")
+    ids = [t.id for t in pool[name]]
+    assert set(ids) == {t.id for t in train} - demos - drawn
+    assert len(ids) == 39 - len(demos | drawn)
+    assert note.startswith(f"training pool: {len(ids)} of 39 questions untrained on (minus 10")
+    # Without a warm start nothing is demonstrated; the draws stay out.
+    no_sft = Config(**{**vars(cfg), "sft": SFTConfig(enabled=False, demos=10)})
+    more, _ = untrained_tasks(no_sft, 12, take=100)
+    assert set(ids) < {t.id for t in more[name]}
+    assert not drawn & {t.id for t in more[name]}
+    # skip / take walk the same seeded order.
+    first, _ = untrained_tasks(cfg, 12, take=5)
+    rest, note = untrained_tasks(cfg, 12, take=100, skip=5)
+    assert [t.id for t in first[name] + rest[name]] == ids
+    assert "after skipping the first 5" in note
+    with pytest.raises(ValueError, match="--train-pool at least 0"):
+        untrained_tasks(cfg, -1, take=5)
+
+
+def test_a_model_that_drew_more_than_the_pool_excludes_is_refused(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    (run / "final_model").mkdir(parents=True)
+    (run / "config.yaml").write_text("train:\n  tasks_per_step: 6\n  seed: 0\n")
+    (run / "summary.json").write_text('{"steps": 20}')
+    check_draws(run / "final_model", 120, seed=0)  # 20 x 6 = 120: fine
+    with pytest.raises(SystemExit, match="120 draws, more than --train-pool 100"):
+        check_draws(run / "final_model", 100, seed=0)
+    with pytest.raises(SystemExit, match=r"train\.seed=0, the pool assumes 1"):
+        check_draws(run / "final_model", 200, seed=1)
+    check_draws(tmp_path / "elsewhere" / "model", 0, seed=0)  # not a run: not checked

@@ -20,7 +20,7 @@ import logging
 import random
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
@@ -396,6 +396,18 @@ def release_training_state(s: TrainState) -> None:
 
 
 # ---------------------------------------------------------------------------- the run
+def demo_picks(task_lists: Sequence[list[Task]], demos: int, seed: int) -> list[list[Task]]:
+    """The tasks the SFT warm start demonstrates, per source: ``demos`` shared out evenly
+    (the first sources get the remainder), each drawn in the order of a `TaskSampler`
+    seeded ``seed + 1`` (RL draws with ``seed``). `benchmarks/fresh_eval.py` uses it to
+    find the training questions no demonstration used."""
+    n_src = len(task_lists)
+    return [
+        TaskSampler(tasks, seed + 1).sample(min(len(tasks), demos // n_src + (k < demos % n_src)))
+        for k, tasks in enumerate(task_lists)
+    ]
+
+
 def warm_start(setup: Setup, run: RunDir) -> dict[str, float]:
     """SFT on scripted demonstrations run through the real rollout (same masks as RL)."""
     cfg = setup.cfg
@@ -405,9 +417,8 @@ def warm_start(setup: Setup, run: RunDir) -> dict[str, float]:
     sources = setup.demo_sources(sft.early_answer_prob, cfg.train.seed, sft.notes)
     demos: list[Trajectory] = []
     demo_tasks: list[Task] = []
-    for k, (tasks, make_env, gen) in enumerate(sources):
-        n = min(len(tasks), sft.demos // len(sources) + (k < sft.demos % len(sources)))
-        picked = TaskSampler(tasks, cfg.train.seed + 1).sample(n)
+    picks = demo_picks([tasks for tasks, _, _ in sources], sft.demos, cfg.train.seed)
+    for (_, make_env, gen), picked in zip(sources, picks, strict=True):
         for g in run_rollout(picked, make_env, gen, setup.chat, rcfg):
             demos.extend(g.trajectories)
         demo_tasks.extend(picked)
