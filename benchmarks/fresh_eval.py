@@ -180,6 +180,15 @@ def main() -> None:
         metavar="NAME=DIR",
         help="a model to evaluate; the first is the reference of the pairing",
     )
+    ap.add_argument(
+        "--naive-rag",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="also Naive RAG with this model (top --rag-top-k passages for the question in "
+        "the prompt, one greedy turn); Base Tool Call is a plain --model of the untrained one",
+    )
+    ap.add_argument("--rag-top-k", type=int, default=5, help="passages in the Naive RAG prompt")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--take", type=int, default=100, help="next questions per split")
     ap.add_argument(
@@ -203,9 +212,14 @@ def main() -> None:
     args.overrides += [s for s in args.splits if "=" in s]
     args.splits = [s for s in args.splits if "=" not in s]
     models = [m.split("=", 1) for m in args.model]
-    if any(len(m) != 2 or not m[0] for m in models):
-        ap.error("--model takes NAME=DIR")
+    rag = [m.split("=", 1) for m in args.naive_rag]
+    if any(len(m) != 2 or not m[0] for m in models + rag):
+        ap.error("--model and --naive-rag take NAME=DIR")
+    names = [name for name, _ in models + rag]
+    if len(set(names)) != len(names):
+        ap.error(f"every --model and --naive-rag needs its own NAME (got {', '.join(names)})")
 
+    from agentr1.eval.baselines import naive_rag
     from agentr1.eval.compare import load_scores, paired
     from agentr1.eval.evaluate import episode_record, evaluate
     from agentr1.trainer.setup import build_setup
@@ -219,7 +233,8 @@ def main() -> None:
         tasks, note = untrained_tasks(base, args.train_pool, args.take, args.skip)
     print(note, flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    for name, path in models:
+    rag_names = {name for name, _ in rag}
+    for name, path in models + rag:
         records = args.out / f"{name}.jsonl"
         if records.exists():
             continue
@@ -228,15 +243,26 @@ def main() -> None:
         lines = []
         for split, ts in tasks.items():
             t0 = time.perf_counter()
-            res = evaluate(
-                ts,
-                setup.make_env,
-                setup.generator,
-                setup.chat,
-                base.rollout,
-                0.0,
-                batch_tasks=base.eval.batch_tasks,
-            )
+            if name in rag_names:
+                res = naive_rag(
+                    ts,
+                    setup.make_env.retriever,
+                    setup.generator,
+                    setup.chat,
+                    top_k=args.rag_top_k,
+                    rollout=base.rollout,
+                    passage_words=base.task.passage_words,
+                )
+            else:
+                res = evaluate(
+                    ts,
+                    setup.make_env,
+                    setup.generator,
+                    setup.chat,
+                    base.rollout,
+                    0.0,
+                    batch_tasks=base.eval.batch_tasks,
+                )
             by_id = {t.id: t for t in ts}
             lines += [
                 json.dumps({"split": split, **episode_record(t, by_id[t.task_id])})
@@ -255,7 +281,7 @@ def main() -> None:
     ref = models[0][0]
     scores = {
         (name, m): load_scores(args.out / f"{name}.jsonl", m)
-        for name, _ in models
+        for name, _ in models + rag
         for m in ("em", "f1")
     }
     md = [
@@ -264,7 +290,7 @@ def main() -> None:
         "| model | questions | n | EM | F1 | EM Δ [CI], better/worse, p | F1 Δ [CI], p |",
         "|---|---|---|---|---|---|---|",
     ]
-    for name, _ in models:
+    for name, _ in models + rag:
         for title, keep in [*((s, (s,)) for s in tasks), ("all", tuple(tasks))]:
             em, f1 = (
                 paired(

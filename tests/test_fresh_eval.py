@@ -3,8 +3,10 @@ the split's seeded order and never include a question the recipe evaluates or tr
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,10 +15,11 @@ from agentr1.data import normalize_question
 from agentr1.trainer.loop import TaskSampler, demo_picks
 from agentr1.trainer.qa_setup import load_qa_data
 
-from .test_qa_env import ircot_record, write_jsonl
+from .test_qa_env import ircot_record, save_tiny_chatml_model, write_jsonl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 try:
+    import fresh_eval
     from fresh_eval import check_draws, fresh_tasks, untrained_tasks
 finally:
     sys.path.pop(0)
@@ -152,3 +155,52 @@ def test_a_model_that_drew_more_than_the_pool_excludes_is_refused(tmp_path: Path
     with pytest.raises(SystemExit, match=r"train\.seed=0, the pool assumes 1"):
         check_draws(run / "final_model", 200, seed=1)
     check_draws(tmp_path / "elsewhere" / "model", 0, seed=0)  # not a run: not checked
+
+
+def test_the_script_tables_models_and_naive_rag_on_the_training_pool(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = save_tiny_chatml_model(tmp_path / "tiny")
+    data = write_jsonl(tmp_path / "d" / "q.jsonl", [ircot_record(i) for i in range(14)])
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        "task:\n  kind: qa\n  top_k: 1\n  qa:\n"
+        f"    train: [{data}]\n    eval: {{a: [{data}]}}\n    n_eval: 2\n"
+        "sft: {demos: 4}\ntrain: {tasks_per_step: 2}\n"
+        "rollout: {max_turns: 2, max_tokens_per_turn: 4, max_context: 2048}\n"
+        f"model: {{path: {model}, chat_template: qwen2.5}}\neval: {{splits: [a]}}\n"
+    )
+    out = tmp_path / "out"
+    argv = ["fresh_eval.py", "--out", str(out), "--recipe", str(recipe), "--train-pool", "3"]
+    argv += ["--model", f"a={model}", "--model", f"b={model}", "--naive-rag", f"rag={model}"]
+    monkeypatch.setattr(sys, "argv", [*argv, "--take", "100"])
+    import agentr1.eval.baselines as baselines
+
+    rag_calls: list[int] = []
+    real_rag = baselines.naive_rag
+
+    def counting_rag(tasks: Any, *a: Any, **kw: Any) -> Any:
+        rag_calls.append(len(tasks))
+        assert kw["top_k"] == 5 and kw["passage_words"] == 0
+        return real_rag(tasks, *a, **kw)
+
+    monkeypatch.setattr(baselines, "naive_rag", counting_rag)
+    fresh_eval.main()
+    # 12 training questions - 4 demonstrated - 3 drawn (overlaps counted once) remain.
+    cfg_tasks, note = untrained_tasks(fresh_eval.load_config(str(recipe), []), rl_draws=3, take=100)
+    n = sum(len(ts) for ts in cfg_tasks.values())
+    assert 5 <= n <= 8
+    assert sum(rag_calls) == n  # the rag row, and only it, ran Naive RAG
+    for name in ("a", "b", "rag"):
+        lines = (out / f"{name}.jsonl").read_text().splitlines()
+        assert len(lines) == n
+    rag = [json.loads(line) for line in (out / "rag.jsonl").read_text().splitlines()]
+    assert {r["turns"] for r in rag} == {1} and {r["tool_calls"] for r in rag} == {0}
+    table = (out / "fresh.md").read_text()
+    assert table.startswith(f"Fresh questions ({note}); greedy")
+    # the same model greedy twice: identical, so no question better or worse
+    assert f"| b | all | {n} |" in table and "+0.000 [+0.000, +0.000], 0/0, 1" in table
+    assert f"| rag | all | {n} |" in table
+    monkeypatch.setattr(sys, "argv", [*argv, "--naive-rag", f"a={model}"])
+    with pytest.raises(SystemExit):
+        fresh_eval.main()  # two rows named a
