@@ -258,6 +258,46 @@ def test_build_setup_for_qa_runs_demonstrations_through_the_real_stack(tmp_path:
     assert [[turn.reward for turn in t.turns] for t in trajs[:1]] == [[0.1, 0.1, 0.0]]
 
 
+@pytest.mark.parametrize(
+    ("at_end", "max_turns", "rewards"),
+    [
+        ("keep", 3, [0.1, 0.1, 0.0]),  # two searches find both titles; the answer keeps 0.2
+        ("zero", 3, [0.1, 0.1, -0.2]),  # the last turn gives Φ back: the sum is 0
+        ("zero", 2, [0.1, -0.1]),  # cut at the turn limit before answering: the same
+    ],
+)
+def test_evidence_at_the_end_through_the_real_rollout(
+    tmp_path: Path, at_end: str, max_turns: int, rewards: list[float]
+) -> None:
+    from agentr1.config import load_config
+    from agentr1.trainer.setup import build_setup
+
+    model = save_tiny_chatml_model(tmp_path / "tiny")
+    data = write_jsonl(tmp_path / "d" / "q.jsonl", [ircot_record(i) for i in range(4)])
+    cfg = load_config(
+        None,
+        [
+            "task.kind=qa",
+            f"model.path={model}",
+            "model.chat_template=qwen2.5",
+            f"task.qa.train=[{data}]",
+            f"task.qa.eval={{a: [{data}]}}",
+            "task.qa.n_eval=2",
+            "task.top_k=1",
+            "eval.splits=[a]",
+            f"task.process={{enabled: true, valid_call: 0.0, evidence_at_end: {at_end}}}",
+        ],
+    )
+    setup = build_setup(cfg)
+    ((tasks, make_env, gen),) = setup.demo_sources(0.0, 0, True)
+    rcfg = RolloutConfig(max_turns=max_turns, max_context=4096)
+    (group,) = run_rollout(tasks[:1], make_env, gen, setup.chat, rcfg)
+    traj = group.trajectories[0]
+    assert [round(t.reward, 6) for t in traj.turns] == rewards
+    assert "process_end" not in traj.metrics and "reward_errors" not in traj.metrics
+    assert traj.stop_reason == (StopReason.ANSWERED if max_turns == 3 else StopReason.MAX_TURNS)
+
+
 def test_dataset_folder_entries_and_clear_errors(tmp_path: Path) -> None:
     write_jsonl(tmp_path / "mini" / "a.jsonl", [ircot_record(i) for i in range(3)])
     write_jsonl(tmp_path / "mini" / "qonly.jsonl", [{"idx": 1, "question": "q", "answer": "a"}])

@@ -45,6 +45,25 @@ def test_config_combines_terms_and_disabled_is_none() -> None:
     assert r(s1) == pytest.approx(-0.2)
 
 
+def test_evidence_kept_at_the_end_is_a_bonus_zeroed_it_sums_to_nothing() -> None:
+    s0 = step(0, ["a"], [["p1"]])
+    s1 = step(1, ["b"], [["p2"]], [s0])
+    cfg = ProcessRewardConfig(enabled=True, valid_call=0.0, evidence=0.2)
+    keep = cfg.build()
+    zero = ProcessRewardConfig(**{**vars(cfg), "evidence_at_end": "zero"}).build()
+    assert keep is not None and zero is not None
+    steps = [zero(s0), zero(s1)]
+    assert steps == [keep(s0), keep(s1)] == [pytest.approx(0.1), pytest.approx(0.1)]
+    assert keep.terminal([s0, s1]) == 0.0  # the episode keeps 0.2 for its evidence
+    assert zero.terminal([s0, s1]) == pytest.approx(-0.2)  # Φ(terminal) = 0
+    assert sum(steps) + zero.terminal([s0, s1]) == pytest.approx(0.0)
+    assert zero.terminal([s0]) == pytest.approx(-0.1) and zero.terminal([]) == 0.0
+    # the plain count has no potential to give back
+    plain = ProcessRewardConfig(**{**vars(cfg), "evidence_mode": "plain"})
+    hook = ProcessRewardConfig(**{**vars(plain), "evidence_at_end": "zero"}).build()
+    assert hook is not None and hook.terminal([s0, s1]) == 0.0
+
+
 def test_rewards_sit_on_each_turns_last_token() -> None:
     t = Trajectory(task_id="x")
     t.append_prompt([1, 2])

@@ -157,7 +157,11 @@ class ToolEnv:
         )
 
     def finish(self, answer: str | None) -> tuple[float, dict[str, float]]:
-        """Score the episode's outcome: (outcome reward, eval metrics EM / F1 / cover-EM)."""
+        """Score the episode's outcome: (outcome reward, eval metrics EM / F1 / cover-EM).
+
+        If the process-reward hook has a ``terminal(history)`` (`ProcessRewardHook`), its
+        value is in the metrics as ``process_end``: the rollout moves it onto the last
+        turn's reward (it is a process reward of the step into the terminal state)."""
         assert self.task is not None, "finish called before reset"
         golds = self.task.answers
         metrics = {
@@ -170,6 +174,12 @@ class ToolEnv:
         except Exception:  # a broken reward function must not kill the run: count it
             metrics["reward_errors"] = 1.0
             reward = 0.0
+        terminal = getattr(self.process_reward, "terminal", None)
+        if terminal is not None:
+            try:
+                metrics["process_end"] = float(terminal(self.history))
+            except Exception:
+                metrics["reward_errors"] = metrics.get("reward_errors", 0.0) + 1
         return reward, metrics
 
     def _process_reward(self, ctx: StepContext, metrics: dict[str, float]) -> float:

@@ -6,7 +6,7 @@ The outcome reward equals the evaluation metric unless a recipe says otherwise
 
 from collections.abc import Callable
 
-from agentr1.rewards.process import ProcessRewardConfig
+from agentr1.rewards.process import ProcessRewardConfig, ProcessRewardHook
 from agentr1.rewards.qa import (
     cover_exact_match,
     exact_match,
@@ -27,6 +27,7 @@ OUTCOME_REWARDS: dict[str, Callable[[str | None, Task], float]] = {
 __all__ = [
     "OUTCOME_REWARDS",
     "ProcessRewardConfig",
+    "ProcessRewardHook",
     "cover_exact_match",
     "exact_match",
     "f1_score",

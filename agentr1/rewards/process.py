@@ -6,17 +6,25 @@ the env's ``process_reward`` hook; outcome-only and process-reward runs differ b
 switch (``enabled``).
 
 Anything a policy could farm (e.g. "new evidence" by searching everything) is offered as
-potential-based shaping, F = γΦ(s') − Φ(s) (Ng, Harada & Russell 1999), which provably
-leaves the optimal policy unchanged. Φ here is the fraction of the task's supporting
-passages (real QA: supporting titles) retrieved so far. With γ = 1 the shaping terms
-telescope to Φ(s_T) − Φ(s_0) over an episode: they move credit to the turn that found the
-evidence (useful for token-level estimators such as GAE and REINFORCE++), and reward
-finding evidence at all by at most 1.
+potential-based shaping, F = γΦ(s') − Φ(s) (Ng, Harada & Russell 1999). Φ here is the
+fraction of the task's supporting passages (real QA: supporting titles) retrieved so far.
+With γ = 1 the shaping terms telescope to Φ(s_T) − Φ(s_0) = Φ(s_T) over an episode.
+
+Ng et al.'s guarantee (the optimal policy is unchanged) needs Φ = 0 at every terminal
+state; ``evidence_at_end`` chooses:
+
+- ``"keep"`` (the default): Φ(s_T) stays, so an episode earns up to ``evidence`` for the
+  evidence it ends with, answered or not. A bonus, not policy-invariant: where answering
+  rarely pays, a policy can prefer one more search to an answer.
+- ``"zero"``: the episode's last turn also gets −``evidence``·Φ(s_T) (`ProcessRewardHook.
+  terminal`), so the evidence terms sum to 0 over every episode. Provably invariant; it
+  only moves credit to the turn that found the evidence (token-level estimators such as
+  GAE and REINFORCE++ see it; episode-level advantages such as GRPO's do not).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -139,8 +147,11 @@ class ProcessRewardConfig:
         invalid_call: penalty per malformed call / failed call (subtracted).
         repeated_query: penalty per search query repeated within an episode (subtracted).
         evidence: weight of the evidence term.
-        evidence_mode: "potential" (shaping γΦ(s')−Φ(s) over supporting passages, cannot
-            change the optimal policy) or "plain" (count of new passages; can be farmed).
+        evidence_mode: "potential" (shaping γΦ(s')−Φ(s) over supporting passages) or
+            "plain" (count of new passages; can be farmed).
+        evidence_at_end: with "potential", what the episode's end does with Φ(s_T):
+            "keep" it (a net bonus of up to ``evidence``: can change the optimal policy) or
+            "zero" it (the last turn pays it back: invariant, credit assignment only).
         gamma: discount used by the potential-based shaping.
     """
 
@@ -150,22 +161,36 @@ class ProcessRewardConfig:
     repeated_query: float = 0.1
     evidence: float = 0.2
     evidence_mode: Literal["potential", "plain"] = "potential"
+    evidence_at_end: Literal["keep", "zero"] = "keep"
     gamma: float = 1.0
 
-    def build(self) -> ProcessReward | None:
+    def build(self) -> ProcessRewardHook | None:
         """The env hook, or None when disabled."""
-        if not self.enabled:
-            return None
-        cfg = self
+        return ProcessRewardHook(self) if self.enabled else None
 
-        def reward(ctx: StepContext) -> float:
-            r = cfg.valid_call * valid_call(ctx)
-            r -= cfg.invalid_call * invalid_call(ctx)
-            r -= cfg.repeated_query * repeated_query(ctx)
-            if cfg.evidence_mode == "potential":
-                r += cfg.evidence * new_evidence_shaping(ctx, cfg.gamma)
-            else:
-                r += cfg.evidence * new_evidence(ctx)
-            return r
 
-        return reward
+@dataclass(frozen=True)
+class ProcessRewardHook:
+    """The env's process-reward hook: a reward per step, and one at the episode's end."""
+
+    cfg: ProcessRewardConfig
+
+    def __call__(self, ctx: StepContext) -> float:
+        cfg = self.cfg
+        r = cfg.valid_call * valid_call(ctx)
+        r -= cfg.invalid_call * invalid_call(ctx)
+        r -= cfg.repeated_query * repeated_query(ctx)
+        if cfg.evidence_mode == "potential":
+            r += cfg.evidence * new_evidence_shaping(ctx, cfg.gamma)
+        else:
+            r += cfg.evidence * new_evidence(ctx)
+        return r
+
+    def terminal(self, history: Sequence[StepContext]) -> float:
+        """Added to the last turn when the episode ends, however it ends (answer, turn or
+        context limit): −``evidence``·γ^0·Φ(s_T) with ``evidence_at_end="zero"``, the
+        step into a terminal state whose Φ is 0; else 0."""
+        cfg = self.cfg
+        if cfg.evidence_mode != "potential" or cfg.evidence_at_end != "zero" or not history:
+            return 0.0
+        return -cfg.evidence * evidence_potential(history[-1], True)

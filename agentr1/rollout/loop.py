@@ -237,5 +237,8 @@ def _finish(e: _Episode, reason: StopReason, answer: str | None) -> None:
     traj.answer = answer
     reward, metrics = e.env.finish(answer)
     traj.outcome_reward = reward
+    end = metrics.pop("process_end", 0.0)
+    if end and traj.turns:
+        traj.turns[-1].reward += end
     traj.metrics.update(metrics)
     traj.metrics["turns"] = float(traj.num_turns)
