@@ -217,29 +217,40 @@ def save_tiny_chatml_model(path: Path) -> Path:
     return build_and_save(path, texts * 4, shape, seed=0)
 
 
-def test_build_setup_for_qa_runs_demonstrations_through_the_real_stack(tmp_path: Path) -> None:
+def tiny_qa_setup(tmp_path: Path, n_questions: int, *overrides: str) -> Any:
+    """`build_setup` for a QA config on the tiny ChatML model and ``n_questions`` IRCoT
+    questions (2 of them eval split ``a``, top-1 search), plus ``overrides``."""
     from agentr1.config import load_config
     from agentr1.trainer.setup import build_setup
 
     model = save_tiny_chatml_model(tmp_path / "tiny")
-    data = write_jsonl(tmp_path / "d" / "q.jsonl", [ircot_record(i) for i in range(6)])
-    cfg = load_config(
-        None,
-        [
-            "task.kind=qa",
-            f"model.path={model}",
-            "model.chat_template=qwen2.5",
-            f"task.qa.train=[{data}]",
-            f"task.qa.eval={{a: [{data}]}}",
-            "task.qa.n_eval=2",
-            "task.top_k=1",
-            "task.passage_words=3",
-            "task.process={enabled: true, valid_call: 0.0, evidence: 0.2}",
-            "eval.splits=[a]",
-            "rollout.max_turns=3",
-        ],
+    data = write_jsonl(tmp_path / "d" / "q.jsonl", [ircot_record(i) for i in range(n_questions)])
+    return build_setup(
+        load_config(
+            None,
+            [
+                "task.kind=qa",
+                f"model.path={model}",
+                "model.chat_template=qwen2.5",
+                f"task.qa.train=[{data}]",
+                f"task.qa.eval={{a: [{data}]}}",
+                "task.qa.n_eval=2",
+                "task.top_k=1",
+                "eval.splits=[a]",
+                *overrides,
+            ],
+        )
     )
-    setup = build_setup(cfg)
+
+
+def test_build_setup_for_qa_runs_demonstrations_through_the_real_stack(tmp_path: Path) -> None:
+    setup = tiny_qa_setup(
+        tmp_path,
+        6,
+        "task.passage_words=3",
+        "task.process={enabled: true, valid_call: 0.0, evidence: 0.2}",
+        "rollout.max_turns=3",
+    )
     assert setup.world is None and set(setup.tasks) == {"train", "a"}
     assert len(setup.tasks["train"]) == 4
     ((tasks, make_env, gen),) = setup.demo_sources(0.6, 0, True)
@@ -269,26 +280,9 @@ def test_build_setup_for_qa_runs_demonstrations_through_the_real_stack(tmp_path:
 def test_evidence_at_the_end_through_the_real_rollout(
     tmp_path: Path, at_end: str, max_turns: int, rewards: list[float]
 ) -> None:
-    from agentr1.config import load_config
-    from agentr1.trainer.setup import build_setup
-
-    model = save_tiny_chatml_model(tmp_path / "tiny")
-    data = write_jsonl(tmp_path / "d" / "q.jsonl", [ircot_record(i) for i in range(4)])
-    cfg = load_config(
-        None,
-        [
-            "task.kind=qa",
-            f"model.path={model}",
-            "model.chat_template=qwen2.5",
-            f"task.qa.train=[{data}]",
-            f"task.qa.eval={{a: [{data}]}}",
-            "task.qa.n_eval=2",
-            "task.top_k=1",
-            "eval.splits=[a]",
-            f"task.process={{enabled: true, valid_call: 0.0, evidence_at_end: {at_end}}}",
-        ],
+    setup = tiny_qa_setup(
+        tmp_path, 4, f"task.process={{enabled: true, valid_call: 0.0, evidence_at_end: {at_end}}}"
     )
-    setup = build_setup(cfg)
     ((tasks, make_env, gen),) = setup.demo_sources(0.0, 0, True)
     rcfg = RolloutConfig(max_turns=max_turns, max_context=4096)
     (group,) = run_rollout(tasks[:1], make_env, gen, setup.chat, rcfg)
