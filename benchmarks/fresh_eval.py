@@ -101,13 +101,15 @@ def untrained_tasks(
 ) -> tuple[dict[str, list[Task]], str]:
     """``pool_<dataset>`` -> the recipe's training questions that neither its warm start's
     demonstrations (`demo_picks`) nor its first ``rl_draws`` RL draws (`TaskSampler`,
-    ``train.seed``) used, and no eval question repeats; a line saying how many.
+    ``train.seed``) used; a line saying how many. `load_qa_data` already keeps the training
+    questions unique and apart from the eval ones (by id and normalized question), so
+    leaving out ids is enough.
 
     An RL run of S steps draws S x ``train.tasks_per_step`` questions, in the same seeded
     order whatever S, so excluding the first ``rl_draws`` covers every run that drew no
     more. The pool is taken in the seeded order (`seeded_rank`): ``skip`` drops its first
     questions, ``take`` caps the rest, so later re-tests can continue where one stopped."""
-    from agentr1.data import normalize_question, seeded_rank
+    from agentr1.data import seeded_rank
     from agentr1.trainer.loop import TaskSampler, demo_picks
     from agentr1.trainer.qa_setup import load_qa_data
 
@@ -117,20 +119,12 @@ def untrained_tasks(
             f"(got {take}, {skip}, {rl_draws})"
         )
     qa = cfg.task.qa
-    tasks = load_qa_data(qa).tasks
-    train = tasks["train"]
+    train = load_qa_data(qa).tasks["train"]
     demos = demo_picks([train], cfg.sft.demos, cfg.train.seed)[0] if cfg.sft.enabled else []
     drawn = TaskSampler(train, cfg.train.seed).sample(rl_draws) if train else []
-    used = [*demos, *drawn, *(t for name, ts in tasks.items() if name != "train" for t in ts)]
-    used_ids = {t.id for t in used}
-    used_questions = {normalize_question(t.question) for t in used}
+    used = {t.id for t in [*demos, *drawn]}
     pool = sorted(
-        (
-            t
-            for t in train
-            if t.id not in used_ids and normalize_question(t.question) not in used_questions
-        ),
-        key=lambda t: seeded_rank(qa.split_seed, t.id),
+        (t for t in train if t.id not in used), key=lambda t: seeded_rank(qa.split_seed, t.id)
     )
     picked = pool[skip : skip + take]
     out: dict[str, list[Task]] = {}
