@@ -396,6 +396,11 @@ class Config:
             errors.append(
                 f"task.passage_words={self.task.passage_words}: expected >= 0 (0 = whole passages)"
             )
+        if self.task.process.no_answer < 0:
+            errors.append(
+                f"task.process.no_answer={self.task.process.no_answer}: expected >= 0 (a "
+                "penalty, subtracted); a negative one would pay the policy not to answer"
+            )
         try:
             self.task.world.validate()
         except ValueError as e:

@@ -270,19 +270,20 @@ def test_build_setup_for_qa_runs_demonstrations_through_the_real_stack(tmp_path:
 
 
 @pytest.mark.parametrize(
-    ("at_end", "max_turns", "rewards"),
+    ("at_end", "no_answer", "max_turns", "rewards"),
     [
-        ("keep", 3, [0.1, 0.1, 0.0]),  # two searches find both titles; the answer keeps 0.2
-        ("zero", 3, [0.1, 0.1, -0.2]),  # the last turn gives Φ back: the sum is 0
-        ("zero", 2, [0.1, -0.1]),  # cut at the turn limit before answering: the same
+        ("keep", 0.0, 3, [0.1, 0.1, 0.0]),  # two searches find both titles; answered: keeps 0.2
+        ("zero", 0.0, 3, [0.1, 0.1, -0.2]),  # the last turn gives Φ back: the sum is 0
+        ("zero", 0.0, 2, [0.1, -0.1]),  # cut at the turn limit before answering: the same
+        ("keep", 0.3, 3, [0.1, 0.1, 0.0]),  # answered: no penalty
+        ("keep", 0.3, 2, [0.1, -0.2]),  # cut before the answer: the last turn pays 0.3
     ],
 )
-def test_evidence_at_the_end_through_the_real_rollout(
-    tmp_path: Path, at_end: str, max_turns: int, rewards: list[float]
+def test_end_of_episode_terms_through_the_real_rollout(
+    tmp_path: Path, at_end: str, no_answer: float, max_turns: int, rewards: list[float]
 ) -> None:
-    setup = tiny_qa_setup(
-        tmp_path, 4, f"task.process={{enabled: true, valid_call: 0.0, evidence_at_end: {at_end}}}"
-    )
+    process = f"enabled: true, valid_call: 0.0, evidence_at_end: {at_end}, no_answer: {no_answer}"
+    setup = tiny_qa_setup(tmp_path, 4, f"task.process={{{process}}}")
     ((tasks, make_env, gen),) = setup.demo_sources(0.0, 0, True)
     rcfg = RolloutConfig(max_turns=max_turns, max_context=4096)
     (group,) = run_rollout(tasks[:1], make_env, gen, setup.chat, rcfg)

@@ -64,6 +64,20 @@ def test_evidence_kept_at_the_end_is_a_bonus_zeroed_it_sums_to_nothing() -> None
     assert hook is not None and hook.terminal([s0, s1]) == 0.0
 
 
+def test_no_answer_penalty_only_when_the_episode_ends_without_one() -> None:
+    s0 = step(0, ["a"], [["p1"]])
+    cfg = ProcessRewardConfig(enabled=True, valid_call=0.0, evidence=0.2, no_answer=0.3)
+    hook = cfg.build()
+    assert hook is not None
+    assert hook.terminal([s0], "Velmora") == 0.0
+    assert hook.terminal([s0], None) == hook.terminal([s0], "  ") == pytest.approx(-0.3)
+    zero = ProcessRewardConfig(**{**vars(cfg), "evidence_at_end": "zero"}).build()
+    assert zero is not None  # both end terms add up: Φ given back and the penalty
+    assert zero.terminal([s0], None) == pytest.approx(-0.1 - 0.3)
+    assert zero.terminal([s0], "x") == pytest.approx(-0.1)
+    assert ProcessRewardConfig(enabled=True).build().terminal([s0], None) == 0.0  # default off
+
+
 def test_rewards_sit_on_each_turns_last_token() -> None:
     t = Trajectory(task_id="x")
     t.append_prompt([1, 2])

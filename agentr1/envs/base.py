@@ -159,8 +159,8 @@ class ToolEnv:
     def finish(self, answer: str | None) -> tuple[float, dict[str, float]]:
         """Score the episode's outcome: (outcome reward, eval metrics EM / F1 / cover-EM).
 
-        If the process-reward hook has a ``terminal(history)`` (`ProcessRewardHook`), its
-        value is in the metrics as ``process_end``: the rollout moves it onto the last
+        If the process-reward hook has a ``terminal(history, answer)`` (`ProcessRewardHook`),
+        its value is in the metrics as ``process_end``: the rollout moves it onto the last
         turn's reward (it is a process reward of the step into the terminal state)."""
         assert self.task is not None, "finish called before reset"
         golds = self.task.answers
@@ -177,7 +177,7 @@ class ToolEnv:
         terminal = getattr(self.process_reward, "terminal", None)
         if terminal is not None:
             try:
-                metrics["process_end"] = float(terminal(self.history))
+                metrics["process_end"] = float(terminal(self.history, answer))
             except Exception:
                 metrics["reward_errors"] = metrics.get("reward_errors", 0.0) + 1
         return reward, metrics
