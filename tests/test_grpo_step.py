@@ -1,0 +1,50 @@
+"""benchmarks/grpo_step.py: the timed GRPO steps run the real loop and report every phase."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from .test_qa_env import ircot_record, save_tiny_chatml_model, write_jsonl
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+try:
+    import grpo_step
+finally:
+    sys.path.pop(0)
+
+
+def test_summary_is_the_median_of_the_steps_after_the_first() -> None:
+    rows = [{k: v for k in (*grpo_step.PHASES, "response_len")} for v in (90.0, 1.0, 3.0, 2.0)]
+    s = grpo_step.summarize(rows)
+    assert s["time/step"] == s["response_len"] == 2.0  # the warm-up's 90 is left out
+    assert grpo_step.summarize(rows[:1])["time/update"] == 90.0  # one step: it is all there is
+
+
+def test_the_script_times_real_grpo_steps_on_a_tiny_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = save_tiny_chatml_model(tmp_path / "tiny")
+    data = write_jsonl(tmp_path / "d" / "q.jsonl", [ircot_record(i) for i in range(8)])
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        "task:\n  kind: qa\n  top_k: 1\n  qa:\n"
+        f"    train: [{data}]\n    eval: {{a: [{data}]}}\n    n_eval: 2\n"
+        "rollout: {max_turns: 2, max_tokens_per_turn: 6, max_context: 2048}\n"
+        "model: {chat_template: qwen2.5}\neval: {splits: [a]}\n"
+    )
+    grpo_step.main(
+        ["--model", str(model), "--recipe", str(recipe), "--steps", "2", "--samples", "3"]
+    )
+    out = capsys.readouterr().out
+    table = [line for line in out.splitlines() if line.startswith("| ") and "step" not in line]
+    assert len(table) == 2  # one row per timed step
+    for line in table:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert all(float(c) >= 0 for c in cells[1:6]) and float(cells[5]) > 0  # step time
+        assert 0 < float(cells[6]) <= 2 * 6  # sampled tokens within the turn budgets
+    assert "median of steps 1..1" in out and "peak RSS" in out and "step ratio" in out
+    with pytest.raises(SystemExit):
+        grpo_step.main(["--model", str(model), "--steps", "0"])
