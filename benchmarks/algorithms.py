@@ -25,6 +25,7 @@ from typing import Any
 
 from agentr1.config import load_config
 from agentr1.trainer.loop import train
+from agentr1.trainer.run import metric_records
 
 VARIANTS: dict[str, list[str]] = {
     "ppo": ["algo.estimator=gae"],
@@ -77,8 +78,7 @@ def run_variant(
     )
     t0 = time.perf_counter()
     summary = train(cfg)
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    em = [r["em"] for r in rows if r.get("phase") == "rl"]
+    em = [r["em"] for r in metric_records(run_dir, "rl")]
     return {
         "name": name,
         "summary": summary,

@@ -21,7 +21,6 @@ Extra ``section.field=value`` overrides go to the recipe (e.g. ``optim.minibatch
 from __future__ import annotations
 
 import argparse
-import json
 import resource
 import statistics
 import sys
@@ -30,16 +29,11 @@ from pathlib import Path
 
 from agentr1.config import load_config
 from agentr1.trainer.loop import train
+from agentr1.trainer.run import metric_records
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "multihop_smollm2.yaml"
 TRL = {"step": 53.0, "generate": 21.0, "update": 33.0, "rss_gib": 11.0}
 PHASES = ("time/rollout", "time/old_logprobs", "time/reference", "time/update", "time/step")
-
-
-def step_rows(metrics_file: Path) -> list[dict[str, float]]:
-    """The RL rows of a run's ``metrics.jsonl``."""
-    rows = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
-    return [r for r in rows if r.get("phase") == "rl"]
 
 
 def summarize(rows: list[dict[str, float]]) -> dict[str, float]:
@@ -75,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
             ],
         )
         train(cfg, stop_after=args.steps)  # stops before the final eval
-        rows = step_rows(Path(tmp) / "metrics.jsonl")
+        rows = metric_records(Path(tmp), "rl")
     rss_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
     print(
         "| step | rollout s | old logprobs s | reference s | update s | step s "

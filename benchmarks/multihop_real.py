@@ -252,12 +252,11 @@ def table(rows: list[tuple[str, dict[str, Any]]]) -> str:
 
 def plot(args: argparse.Namespace, out: Path) -> Path | None:
     """GRPO and PPO training curves (5-step moving averages) as one PNG."""
+    from agentr1.trainer.run import metric_records
+
     series = {}
     for name in VARIANTS:
-        path = args.root / name / "metrics.jsonl"
-        if path.exists():
-            rows = [json.loads(x) for x in path.read_text().splitlines()]
-            series[name] = [r for r in rows if r.get("phase") == "rl"]
+        series[name] = metric_records(args.root / name, "rl")
     if not any(series.values()):
         return None
     import matplotlib

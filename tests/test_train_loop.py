@@ -10,6 +10,7 @@ import pytest
 
 from agentr1.config import load_config
 from agentr1.trainer.loop import train
+from agentr1.trainer.run import metric_records
 
 SMALL = [
     "task.world.n_train=120",
@@ -36,11 +37,9 @@ def _cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyP
 
 
 def rl_records(run_dir: Path) -> list[dict]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [
         {k: v for k, v in r.items() if not k.startswith("time/") and k != "gen_tokens_per_s"}
-        for r in rows
-        if r.get("phase") == "rl"
+        for r in metric_records(run_dir, "rl")
     ]
 
 

@@ -50,6 +50,16 @@ class _Bar:
         self._bar.close()
 
 
+def metric_records(run_dir: Path, phase: str) -> list[dict[str, Any]]:
+    """The rows of ``run_dir/metrics.jsonl`` of one phase (``"rl"``: one per RL step), in
+    order; none when the run has not logged any."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    with open(path, encoding="utf-8") as f:
+        return [r for r in map(json.loads, f) if r.get("phase") == phase]
+
+
 class RunDir:
     """Owns the files of one run."""
 
@@ -107,11 +117,7 @@ class RunDir:
         return _Bar(total, desc, initial)
 
     def records(self, phase: str) -> list[dict[str, Any]]:
-        path = self.dir / "metrics.jsonl"
-        if not path.exists():
-            return []
-        with open(path, encoding="utf-8") as f:
-            return [r for r in map(json.loads, f) if r.get("phase") == phase]
+        return metric_records(self.dir, phase)
 
     def plot(self) -> Path | None:
         """Training curves as one PNG (skipped when there are no RL steps)."""
