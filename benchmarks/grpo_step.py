@@ -33,6 +33,7 @@ from agentr1.trainer.run import metric_records
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "multihop_smollm2.yaml"
 TRL = {"step": 53.0, "generate": 21.0, "update": 33.0, "rss_gib": 11.0}
+WARM_START = "runs/multihop_real2/warm_start/final_model"
 PHASES = ("time/rollout", "time/old_logprobs", "time/reference", "time/update", "time/step")
 
 
@@ -45,7 +46,7 @@ def summarize(rows: list[dict[str, float]]) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--model", default="runs/multihop_real2/warm_start/final_model")
+    ap.add_argument("--model", default=WARM_START, help="a model that calls the search tool")
     ap.add_argument("--steps", type=int, default=4, help="RL steps to time (the first is warm-up)")
     ap.add_argument("--samples", type=int, default=8, help="completions per question (group)")
     ap.add_argument("--recipe", default=str(RECIPE))
@@ -53,6 +54,11 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.steps < 1:
         ap.error("--steps must be >= 1")
+    if args.model == WARM_START and not Path(WARM_START).is_dir():
+        ap.error(
+            f"no {WARM_START}: make the recipe's warm start first (benchmarks/multihop_real.py "
+            "warm --root runs/multihop_real2) or pass --model DIR"
+        )
     with tempfile.TemporaryDirectory(prefix="grpo_step_") as tmp:
         cfg = load_config(
             args.recipe,

@@ -48,3 +48,12 @@ def test_the_script_times_real_grpo_steps_on_a_tiny_model(
     assert "median of steps 1..1" in out and "peak RSS" in out and "step ratio" in out
     with pytest.raises(SystemExit):
         grpo_step.main(["--model", str(model), "--steps", "0"])
+
+
+def test_a_missing_warm_start_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)  # no runs/ here
+    with pytest.raises(SystemExit):
+        grpo_step.main([])
+    assert f"no {grpo_step.WARM_START}: make the recipe's warm start" in capsys.readouterr().err
