@@ -44,7 +44,8 @@ def summarize(rows: list[dict[str, float]]) -> dict[str, float]:
     return {k: statistics.median(r.get(k, 0.0) for r in later) for k in keys}
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> list[dict[str, float]]:
+    """Run and print; returns the timed steps' metric rows."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--model", default=WARM_START, help="a model that calls the search tool")
     ap.add_argument("--steps", type=int, default=4, help="RL steps to time (the first is warm-up)")
@@ -100,6 +101,7 @@ def main(argv: list[str] | None = None) -> None:
         f"{s['time/step'] / TRL['step']:.2f}, RSS ratio {rss_gib / TRL['rss_gib']:.2f}"
     )
     sys.stdout.flush()
+    return rows
 
 
 if __name__ == "__main__":
