@@ -15,7 +15,7 @@ from agentr1.data import normalize_question
 from agentr1.trainer.loop import TaskSampler, demo_picks
 from agentr1.trainer.qa_setup import load_qa_data
 
-from .test_qa_env import ircot_record, save_tiny_chatml_model, write_jsonl
+from .test_qa_env import ircot_record, tiny_qa_recipe, write_jsonl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 try:
@@ -160,16 +160,8 @@ def test_a_model_that_drew_more_than_the_pool_excludes_is_refused(tmp_path: Path
 def test_the_script_tables_models_and_naive_rag_on_the_training_pool(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    model = save_tiny_chatml_model(tmp_path / "tiny")
-    data = write_jsonl(tmp_path / "d" / "q.jsonl", [ircot_record(i) for i in range(14)])
-    recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(
-        "task:\n  kind: qa\n  top_k: 1\n  qa:\n"
-        f"    train: [{data}]\n    eval: {{a: [{data}]}}\n    n_eval: 2\n"
-        "sft: {demos: 4}\ntrain: {tasks_per_step: 2}\n"
-        "rollout: {max_turns: 2, max_tokens_per_turn: 4, max_context: 2048}\n"
-        f"model: {{path: {model}, chat_template: qwen2.5}}\neval: {{splits: [a]}}\n"
-    )
+    extra = "sft: {demos: 4}\ntrain: {tasks_per_step: 2}\n"
+    model, recipe = tiny_qa_recipe(tmp_path, 14, tokens_per_turn=4, extra=extra)
     out = tmp_path / "out"
     argv = ["fresh_eval.py", "--out", str(out), "--recipe", str(recipe), "--train-pool", "3"]
     argv += ["--model", f"a={model}", "--model", f"b={model}", "--naive-rag", f"rag={model}"]

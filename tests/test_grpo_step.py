@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from .test_qa_env import ircot_record, save_tiny_chatml_model, write_jsonl
+from .test_qa_env import tiny_qa_recipe
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 try:
@@ -26,15 +26,7 @@ def test_summary_is_the_median_of_the_steps_after_the_first() -> None:
 def test_the_script_times_real_grpo_steps_on_a_tiny_model(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    model = save_tiny_chatml_model(tmp_path / "tiny")
-    data = write_jsonl(tmp_path / "d" / "q.jsonl", [ircot_record(i) for i in range(8)])
-    recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(
-        "task:\n  kind: qa\n  top_k: 1\n  qa:\n"
-        f"    train: [{data}]\n    eval: {{a: [{data}]}}\n    n_eval: 2\n"
-        "rollout: {max_turns: 2, max_tokens_per_turn: 6, max_context: 2048}\n"
-        "model: {chat_template: qwen2.5}\neval: {splits: [a]}\n"
-    )
+    model, recipe = tiny_qa_recipe(tmp_path, 8, tokens_per_turn=6)
     rows = grpo_step.main(
         ["--model", str(model), "--recipe", str(recipe), "--steps", "2", "--samples", "3"]
     )

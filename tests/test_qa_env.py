@@ -217,6 +217,24 @@ def save_tiny_chatml_model(path: Path) -> Path:
     return build_and_save(path, texts * 4, shape, seed=0)
 
 
+def tiny_qa_recipe(
+    tmp_path: Path, n_questions: int, tokens_per_turn: int, extra: str = ""
+) -> tuple[Path, Path]:
+    """The tiny ChatML model and a QA recipe file on ``n_questions`` IRCoT questions (2 of
+    them eval split ``a``, top-1 search, 2 turns of ``tokens_per_turn``), plus the YAML
+    lines ``extra``: (model dir, recipe path), for scripts that take ``--recipe``."""
+    model = save_tiny_chatml_model(tmp_path / "tiny")
+    data = write_jsonl(tmp_path / "d" / "q.jsonl", [ircot_record(i) for i in range(n_questions)])
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        "task:\n  kind: qa\n  top_k: 1\n  qa:\n"
+        f"    train: [{data}]\n    eval: {{a: [{data}]}}\n    n_eval: 2\n{extra}"
+        f"rollout: {{max_turns: 2, max_tokens_per_turn: {tokens_per_turn}, max_context: 2048}}\n"
+        f"model: {{path: {model}, chat_template: qwen2.5}}\neval: {{splits: [a]}}\n"
+    )
+    return model, recipe
+
+
 def tiny_qa_setup(tmp_path: Path, n_questions: int, *overrides: str) -> Any:
     """`build_setup` for a QA config on the tiny ChatML model and ``n_questions`` IRCoT
     questions (2 of them eval split ``a``, top-1 search), plus ``overrides``."""
