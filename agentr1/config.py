@@ -63,6 +63,10 @@ class ModelConfig:
     PPO ratio never uses the sampler's log-probs (the trainer computes its own old
     log-probs), so the copy only changes which tokens are sampled; ``logprob_mismatch``
     (off-policy runs) reports how far the sampler is from the trainer."""
+    keep_kv_gib: float = 2.0
+    """KV cache the sampler keeps from one turn of an episode to the next, in GiB: a turn
+    then prefills only the tool response before it, not the whole history (the oldest
+    episodes' caches are dropped beyond it; 0 re-prefills every turn)."""
     chat_template: Literal["model", "qwen2.5", "chatml-minimal"] = "chatml-minimal"
     """"model" = the tokenizer's own template; "qwen2.5" = ChatML with the tool listing
     (real instruct models); "chatml-minimal" = ChatML without it (the shortest prompt,
@@ -395,6 +399,10 @@ class Config:
         if self.task.passage_words < 0:
             errors.append(
                 f"task.passage_words={self.task.passage_words}: expected >= 0 (0 = whole passages)"
+            )
+        if self.model.keep_kv_gib < 0:
+            errors.append(
+                f"model.keep_kv_gib={self.model.keep_kv_gib}: expected >= 0 (0 keeps no cache)"
             )
         if self.task.process.no_answer < 0:
             errors.append(

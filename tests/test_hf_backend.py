@@ -296,3 +296,123 @@ def test_identical_prompts_keep_one_token_each_to_prefill(model: LlamaForCausalL
         [prompt], SamplingParams(max_new_tokens=5, temperature=0.0)
     )
     assert all(o.token_ids == alone[0].token_ids for o in out)
+
+
+def three_turns(
+    gen: HFGenerator, first: list[list[int]], params: SamplingParams, seed: int
+) -> tuple[list[list[list[int]]], list[list[Completion]], list[int]]:
+    """Three calls, each prompt extended by its completion and a random "tool response"
+    (the rollout's pattern); return each call's prompts, its completions and its
+    ``kept_tokens``."""
+    g = torch.Generator().manual_seed(seed)
+    prompts, calls, outs_per_call, kept = first, [], [], []
+    for _ in range(3):
+        outs = gen.generate(prompts, params)
+        calls.append(prompts)
+        outs_per_call.append(outs)
+        kept.append(gen.last_stats.kept_tokens)
+        sizes = torch.randint(1, 12, (len(prompts),), generator=g).tolist()
+        prompts = [
+            p + o.token_ids + torch.randint(4, VOCAB, (n,), generator=g).tolist()
+            for p, o, n in zip(prompts, outs, sizes, strict=True)
+        ]
+    return calls, outs_per_call, kept
+
+
+@pytest.mark.parametrize("batch_size", [None, 2])
+def test_session_prefills_each_turn_only_after_the_kept_cache(
+    model: LlamaForCausalLM, batch_size: int | None
+) -> None:
+    """Inside ``session()`` every later turn reuses its episode's cache: same tokens and
+    log-probs as recomputing each prompt from scratch, every log-prob equal to a full
+    uncached forward, and only the new suffix is prefilled."""
+    g = torch.Generator().manual_seed(11)
+    system = torch.randint(4, VOCAB, (40,), generator=g).tolist()
+    first = [system + torch.randint(4, VOCAB, (n,), generator=g).tolist() for n in (1, 9, 4)]
+    first += [first[1]]  # a group: the same prompt twice
+    for params in (
+        SamplingParams(max_new_tokens=6, temperature=0.0),
+        SamplingParams(max_new_tokens=6, temperature=1.0, top_p=0.9, seed=3),
+    ):
+        plain = HFGenerator(model, batch_size=batch_size)
+        kept = HFGenerator(model, batch_size=batch_size)
+        _, want, none_kept = three_turns(plain, first, params, seed=1)
+        assert none_kept == [0, 0, 0] and kept.kept is None
+        with kept.session():
+            calls, got, kept_tokens = three_turns(kept, first, params, seed=1)
+            assert kept.kept is not None and len(kept.kept) == len(first)
+        assert kept.kept is None  # dropped with the session
+        # Call 2 reuses each prompt + its turn minus the last token (sampled, never fed).
+        assert kept_tokens[0] == 0
+        fed = [len(p) + len(o.token_ids) - 1 for p, o in zip(first, got[0], strict=True)]
+        assert kept_tokens[1] == sum(fed)
+        assert kept_tokens[2] > kept_tokens[1]
+        for prompts, call_want, call_got in zip(calls, want, got, strict=True):
+            for prompt, a, b in zip(prompts, call_want, call_got, strict=True):
+                assert a.token_ids == b.token_ids
+                assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+                assert b.logprobs == pytest.approx(
+                    reference_logprobs(model, prompt, b, params), abs=1e-4
+                )
+
+
+def test_session_mixes_kept_and_new_prompts_and_respects_its_byte_budget(
+    model: LlamaForCausalLM,
+) -> None:
+    """A call with some prompts that extend a kept row and some that do not prefills
+    each from the right place; a budget smaller than one row keeps nothing and a budget
+    of one row keeps the newest; the outputs never change."""
+    params = SamplingParams(max_new_tokens=5, temperature=0.0)
+    a, b = list(range(4, 30)), list(range(30, 56))  # equal lengths: rows of equal bytes
+    alone = HFGenerator(model)
+    first = alone.generate([a, b], params)
+    ext = [a + first[0].token_ids + [7, 8], b + first[1].token_ids + [9]]
+    fresh = [list(range(10, 22))]
+    want = alone.generate([*ext, *fresh], params)
+
+    gen = HFGenerator(model)
+    with gen.session():
+        gen.generate([a, b], params)
+        assert gen.kept is not None
+        row_bytes = gen.kept.nbytes // 2
+        got = gen.generate([*ext, *fresh], params)
+        assert gen.last_stats.kept_tokens == sum(len(p) + 4 for p in (a, b))
+    for prompt, w, g_ in zip([*ext, *fresh], want, got, strict=True):
+        assert w.token_ids == g_.token_ids
+        assert w.logprobs == pytest.approx(g_.logprobs, abs=1e-4)
+        assert g_.logprobs == pytest.approx(reference_logprobs(model, prompt, g_, params), abs=1e-4)
+
+    for budget, expect_kept in ((row_bytes - 1, 0), (row_bytes + row_bytes // 2, 1)):
+        small = HFGenerator(model, keep_cache_bytes=budget)
+        with small.session():
+            small.generate([a, b], params)
+            assert small.kept is not None and len(small.kept) == expect_kept
+            assert small.kept.nbytes <= budget
+            out = small.generate(ext, params)
+            assert [o.token_ids for o in out] == [o.token_ids for o in want[:2]]
+    with pytest.raises(ValueError, match="keep_cache_bytes"):
+        HFGenerator(model, keep_cache_bytes=-1)
+
+
+def test_kept_caches_take_the_longest_proper_prefix_once() -> None:
+    from agentr1.backends.hf import KeptCaches, KeptRow
+
+    def row(tokens: list[int]) -> KeptRow:
+        t = torch.zeros((1, len(tokens), 2))
+        return KeptRow(tokens, [(t, t.clone())])
+
+    kept = KeptCaches(max_bytes=10_000)
+    for tokens in ([1, 2], [1, 2, 3, 4], [1, 2, 3, 4], [5, 6, 7]):
+        kept.put(row(tokens))
+    assert len(kept) == 4
+    assert kept.take([1, 2, 3, 4]) is not None  # [1, 2]: the equal rows are not proper
+    assert kept.take([1, 2, 3]) is None  # [1, 2] was used once
+    hit = kept.take([1, 2, 3, 4, 9])
+    assert hit is not None and hit.tokens == [1, 2, 3, 4]
+    assert kept.take([1, 2, 3, 4, 9]) is not None and kept.take([1, 2, 3, 4, 9]) is None
+    assert kept.take([5, 6, 8, 9]) is None
+    assert len(kept) == 1 and kept.nbytes == row([5, 6, 7]).nbytes
+    long = list(range(4, 24))
+    kept.put(row(long))
+    assert kept.take([99, *long[1:], 5]) is None  # same length and tail: verified in full
+    assert kept.take([*long, 5]) is not None

@@ -268,7 +268,9 @@ def test_build_setup_for_qa_runs_demonstrations_through_the_real_stack(tmp_path:
         "task.passage_words=3",
         "task.process={enabled: true, valid_call: 0.0, evidence: 0.2}",
         "rollout.max_turns=3",
+        "model.keep_kv_gib=0.5",
     )
+    assert setup.generator.keep_cache_bytes == 2**29
     assert setup.world is None and set(setup.tasks) == {"train", "a"}
     assert len(setup.tasks["train"]) == 4
     ((tasks, make_env, gen),) = setup.demo_sources(0.6, 0, True)

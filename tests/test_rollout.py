@@ -232,3 +232,34 @@ def test_bad_jsonl_line_names_file_and_line(tmp_path) -> None:
     p.write_text('{"task_id": "x"}\n{"oops": 1}\n')
     with pytest.raises(ValueError, match=r"bad.jsonl:2: not a trajectory record"):
         read_trajectories(p)
+
+
+def test_rollout_holds_one_generator_session_over_all_turns() -> None:
+    """A generator with ``session()`` (the hf one keeps KV caches between turns inside
+    it) gets exactly one session around every generate call of the rollout."""
+    import contextlib
+
+    events: list[str] = []
+
+    class SessionGenerator(ScriptedGenerator):
+        @contextlib.contextmanager
+        def session(self):  # type: ignore[no-untyped-def]
+            events.append("open")
+            yield
+            events.append("close")
+
+        def generate(self, prompts, params):  # type: ignore[no-untyped-def]
+            events.append("generate")
+            return super().generate(prompts, params)
+
+    tok = ByteTokenizer()
+    gen = SessionGenerator(
+        script([call("calculator", expression="1+2"), "<answer>3</answer>"]),
+        tok.encode,
+        tok.decode,
+        EOT,
+    )
+    env = lambda: ToolEnv(tools=[calculator])  # noqa: E731
+    (group,) = run_rollout([TASK], env, gen, byte_chat(), RolloutConfig(n_samples=2))
+    assert [t.stop_reason for t in group.trajectories] == [StopReason.ANSWERED] * 2
+    assert events == ["open", "generate", "generate", "close"]

@@ -23,6 +23,17 @@ How a batch is generated (``HFGenerator.generate``):
    Rows that have finished are fed the pad token and their outputs are frozen; the loop
    ends when every row has finished. Everything runs under ``torch.inference_mode()``
    with the model in eval mode (its previous mode is restored afterwards).
+4. **Kept caches across calls** (``with generator.session(): ...``; the rollout opens one
+   per rollout): every row's KV cache is kept after its call, trimmed to its real tokens
+   (prompt + generated tokens except the last, which was sampled but never fed). A later
+   call's prompt that extends a kept row's tokens (the next turn: the same episode plus
+   its last token and a tool response) takes that cache and prefills only the new
+   suffix, laid out as padding | kept | padding | suffix, with position ids continuing
+   the kept row's. A multi-turn episode is then prefilled once over all its turns
+   instead of once per turn. Kept rows are used at most once, the oldest are dropped
+   beyond ``keep_cache_bytes``, and all are dropped when the session ends: the weights
+   must not change inside a session. Models whose caches are not plain full-attention
+   layers (sliding windows, recurrent states) do not keep rows.
 
 Log-prob semantics (what RL needs as "old log-probs"): each returned log-prob is that of
 the sampled token under the distribution it was actually sampled from, computed in
@@ -57,12 +68,15 @@ from __future__ import annotations
 
 import inspect
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import DynamicLayer
 
 from agentr1.backends.base import Completion, SamplingParams
 
@@ -100,6 +114,8 @@ class GenerationStats:
         forward_passes: model forwards (prefills plus decode steps) over all chunks.
         shared_prefix_tokens: prompt tokens not prefilled because their chunk shared them
             (``(rows - 1) x prefix`` per chunk).
+        kept_tokens: prompt tokens not prefilled because an earlier call of the session
+            kept their cache (module docstring, 4).
         wall_s: wall-clock seconds for the whole call.
     """
 
@@ -108,6 +124,7 @@ class GenerationStats:
     new_tokens: int = 0
     forward_passes: int = 0
     shared_prefix_tokens: int = 0
+    kept_tokens: int = 0
     wall_s: float = 0.0
 
     @property
@@ -123,6 +140,7 @@ class GenerationStats:
             "new_tokens": float(self.new_tokens),
             "forward_passes": float(self.forward_passes),
             "shared_prefix_tokens": float(self.shared_prefix_tokens),
+            "kept_tokens": float(self.kept_tokens),
             "wall_s": self.wall_s,
             "tokens_per_s": self.tokens_per_s,
         }
@@ -231,6 +249,90 @@ def ends_with_stop_string(
     return any(s in text for s in stops)
 
 
+KEY_TAIL = 8
+"""Tokens at the end of a kept row that, with its length, key the lookup (then verified)."""
+
+
+@dataclass
+class KeptRow:
+    """One row's KV cache after a call, trimmed to its real tokens.
+
+    Attributes:
+        tokens: the tokens the cache covers, position 0 first.
+        kv: per layer, (keys, values) of shape ``[heads, len(tokens), head_dim]``.
+    """
+
+    tokens: list[int]
+    kv: list[tuple[torch.Tensor, torch.Tensor]]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(k.nbytes + v.nbytes for k, v in self.kv)
+
+
+@dataclass
+class KeptCaches:
+    """Rows kept by earlier calls of a session, found again by token prefix.
+
+    ``take(prompt)`` returns (and forgets) the longest kept row whose tokens are a proper
+    prefix of ``prompt``; ``put`` keeps a row, dropping the oldest beyond ``max_bytes``.
+    """
+
+    max_bytes: int
+    nbytes: int = 0
+    _rows: dict[tuple[int, tuple[int, ...]], list[KeptRow]] = field(default_factory=dict)
+    _lengths: dict[int, int] = field(default_factory=dict)  # length -> rows of that length
+
+    @staticmethod
+    def _key(tokens: list[int], length: int) -> tuple[int, tuple[int, ...]]:
+        return length, tuple(tokens[max(0, length - KEY_TAIL) : length])
+
+    def __len__(self) -> int:
+        return sum(len(rows) for rows in self._rows.values())
+
+    def put(self, row: KeptRow) -> None:
+        size = row.nbytes
+        if not row.tokens or size > self.max_bytes:
+            return
+        while self.nbytes + size > self.max_bytes:
+            self._drop(next(iter(self._rows)), 0)  # dicts keep insertion order: oldest first
+        self._rows.setdefault(self._key(row.tokens, len(row.tokens)), []).append(row)
+        self._lengths[len(row.tokens)] = self._lengths.get(len(row.tokens), 0) + 1
+        self.nbytes += size
+
+    def take(self, prompt: list[int]) -> KeptRow | None:
+        for length in sorted(self._lengths, reverse=True):
+            if length >= len(prompt):
+                continue  # a kept row must leave at least one token to prefill
+            key = self._key(prompt, length)
+            for i, row in enumerate(self._rows.get(key, [])):
+                if row.tokens == prompt[:length]:
+                    return self._drop(key, i)
+        return None
+
+    def _drop(self, key: tuple[int, tuple[int, ...]], index: int) -> KeptRow:
+        rows = self._rows[key]
+        row = rows.pop(index)
+        if not rows:
+            del self._rows[key]
+        self._lengths[key[0]] -= 1
+        if not self._lengths[key[0]]:
+            del self._lengths[key[0]]
+        self.nbytes -= row.nbytes
+        return row
+
+
+def cache_layers_kv(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+    """Per layer (keys, values) ``[B, heads, T, head_dim]`` of a plain full-attention
+    cache; None when some layer is anything else (sliding window, recurrent state)."""
+    layers = getattr(cache, "layers", None)
+    if layers is None:  # transformers 4.x
+        return list(zip(cache.key_cache, cache.value_cache, strict=True))
+    if not layers or any(type(layer) is not DynamicLayer for layer in layers):
+        return None
+    return [(layer.keys, layer.values) for layer in layers]
+
+
 class HFGenerator:
     """Samples continuations of token-id prompts with a transformers causal LM.
 
@@ -244,6 +346,8 @@ class HFGenerator:
         tokenizer: anything with ``decode(ids) -> str``; needed only for stop strings.
         batch_size: prompts per forward chunk; ``None`` runs all prompts in one chunk.
         share_prefix: prefill a prefix common to a chunk's prompts once (module docstring).
+        keep_cache_bytes: most bytes of KV cache a session keeps between calls (module
+            docstring, 4); 0 keeps none.
     """
 
     def __init__(
@@ -252,9 +356,14 @@ class HFGenerator:
         tokenizer: TokenDecoder | None = None,
         batch_size: int | None = None,
         share_prefix: bool = True,
+        keep_cache_bytes: int = 2 << 30,
     ) -> None:
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
+        if keep_cache_bytes < 0:
+            raise ValueError(f"keep_cache_bytes must be >= 0, got {keep_cache_bytes}")
+        self.keep_cache_bytes = keep_cache_bytes
+        self.kept: KeptCaches | None = None  # set inside ``session()``
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
@@ -307,6 +416,22 @@ class HFGenerator:
         # transformers' decorated ``to`` confuses type checkers; it is nn.Module.to.
         model = model.to(device)  # type: ignore[arg-type]
         return cls(model, tokenizer, batch_size=batch_size)
+
+    @contextmanager
+    def session(self) -> Iterator[None]:
+        """Keep each call's row caches for later calls in the block (module docstring, 4).
+
+        The model's weights must not change inside the block. Nested sessions share the
+        outermost one's kept rows; leaving the outermost drops them.
+        """
+        if self.kept is not None:
+            yield
+            return
+        self.kept = KeptCaches(self.keep_cache_bytes)
+        try:
+            yield
+        finally:
+            self.kept = None
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
         """Sample one completion per prompt; the i-th completion continues ``prompts[i]``.
@@ -372,23 +497,12 @@ class HFGenerator:
         """Prefill then decode one left-padded chunk until every row has finished."""
         device = self.model.device
         cache = _new_cache(self.model)
-        P = common_prefix_len(prompts) if self.share_prefix and len(prompts) > 1 else 0
-        P = min(P, min(len(p) for p in prompts) - 1)  # every row keeps a token to prefill
-        if P >= MIN_SHARED_PREFIX:
-            ones_1P = torch.ones((1, P), dtype=torch.long, device=device)
-            prefix_1P = torch.tensor([prompts[0][:P]], dtype=torch.long, device=device)
-            positions_1P = torch.arange(P, device=device)[None]
-            self._forward(prefix_1P, ones_1P, positions_1P, cache)
-            cache.batch_repeat_interleave(len(prompts))
-            ids_BT, rest_mask_BT, rest_pos_BT = left_pad(
-                [p[P:] for p in prompts], self.pad_id, device
-            )
-            mask_BT = torch.cat([ones_1P.expand(len(prompts), P), rest_mask_BT], dim=-1)
-            logits_BV = self._forward(ids_BT, mask_BT, rest_pos_BT + P, cache)
-            self.last_stats.shared_prefix_tokens += P * (len(prompts) - 1)
+        kept = [self.kept.take(p) for p in prompts] if self.kept is not None else []
+        if any(k is not None for k in kept):
+            logits_BV, mask_BT = self._prefill_kept(prompts, kept, cache)
         else:
-            ids_BT, mask_BT, position_ids_BT = left_pad(prompts, self.pad_id, device)
-            logits_BV = self._forward(ids_BT, mask_BT, position_ids_BT, cache)
+            logits_BV, mask_BT = self._prefill(prompts, cache)
+        prefill_mask_BT = mask_BT
         next_pos_B1 = mask_BT.sum(dim=-1, keepdim=True)  # position of the next token per row
         stop_ids = set(params.stop_token_ids)
 
@@ -417,6 +531,8 @@ class HFGenerator:
             logits_BV = self._forward(feed_B1, mask_BT, next_pos_B1, cache)
             next_pos_B1 = next_pos_B1 + 1
 
+        if self.kept is not None:
+            self._keep_rows(prompts, tokens, prefill_mask_BT, cache)
         return [
             Completion(
                 token_ids=tokens[row],
@@ -429,6 +545,79 @@ class HFGenerator:
             )
             for row in range(n)
         ]
+
+    def _prefill(
+        self, prompts: list[list[int]], cache: DynamicCache
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prefill whole prompts (a shared prefix once); return ``(logits_BV, mask_BT)``."""
+        device = self.model.device
+        P = common_prefix_len(prompts) if self.share_prefix and len(prompts) > 1 else 0
+        P = min(P, min(len(p) for p in prompts) - 1)  # every row keeps a token to prefill
+        if P < MIN_SHARED_PREFIX:
+            ids_BT, mask_BT, position_ids_BT = left_pad(prompts, self.pad_id, device)
+            return self._forward(ids_BT, mask_BT, position_ids_BT, cache), mask_BT
+        ones_1P = torch.ones((1, P), dtype=torch.long, device=device)
+        prefix_1P = torch.tensor([prompts[0][:P]], dtype=torch.long, device=device)
+        positions_1P = torch.arange(P, device=device)[None]
+        self._forward(prefix_1P, ones_1P, positions_1P, cache)
+        cache.batch_repeat_interleave(len(prompts))
+        ids_BT, rest_mask_BT, rest_pos_BT = left_pad([p[P:] for p in prompts], self.pad_id, device)
+        mask_BT = torch.cat([ones_1P.expand(len(prompts), P), rest_mask_BT], dim=-1)
+        self.last_stats.shared_prefix_tokens += P * (len(prompts) - 1)
+        return self._forward(ids_BT, mask_BT, rest_pos_BT + P, cache), mask_BT
+
+    def _prefill_kept(
+        self, prompts: list[list[int]], kept: list[KeptRow | None], cache: DynamicCache
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prefill only what follows each row's kept cache: the cache holds padding | kept
+        (C columns), the forward feeds padding | suffix; rows without one feed it all."""
+        device = self.model.device
+        lens_B = [0 if k is None else len(k.tokens) for k in kept]
+        B, C = len(prompts), max(lens_B)
+        first = next(k for k in kept if k is not None)
+        for layer, (k0, v0) in enumerate(first.kv):
+            keys_BHCD = k0.new_zeros((B, k0.shape[0], C, k0.shape[-1]))
+            values_BHCD = v0.new_zeros((B, v0.shape[0], C, v0.shape[-1]))
+            for row, k in enumerate(kept):
+                if k is not None:
+                    keys_BHCD[row, :, C - lens_B[row] :] = k.kv[layer][0]
+                    values_BHCD[row, :, C - lens_B[row] :] = k.kv[layer][1]
+            cache.update(keys_BHCD, values_BHCD, layer)
+        kept_mask_BC = torch.zeros((B, C), dtype=torch.long, device=device)
+        for row, n in enumerate(lens_B):
+            kept_mask_BC[row, C - n :] = 1
+        ids_BT, new_mask_BT, new_pos_BT = left_pad(
+            [p[n:] for p, n in zip(prompts, lens_B, strict=True)], self.pad_id, device
+        )
+        mask_BT = torch.cat([kept_mask_BC, new_mask_BT], dim=-1)
+        position_ids_BT = new_pos_BT + torch.tensor(lens_B, device=device)[:, None]
+        self.last_stats.kept_tokens += sum(lens_B)
+        return self._forward(ids_BT, mask_BT, position_ids_BT, cache), mask_BT
+
+    def _keep_rows(
+        self,
+        prompts: list[list[int]],
+        tokens: list[list[int]],
+        prefill_mask_BT: torch.Tensor,
+        cache: DynamicCache,
+    ) -> None:
+        """Keep each row's cache for the session: its real prefill columns, then the decode
+        columns of its generated tokens except the last (sampled, never fed)."""
+        assert self.kept is not None
+        layers_kv = cache_layers_kv(cache)
+        if layers_kv is None or self.keep_cache_bytes == 0:
+            return
+        width = prefill_mask_BT.shape[1]
+        for row, (prompt, new) in enumerate(zip(prompts, tokens, strict=True)):
+            fed = new[:-1]
+            cols_L = torch.cat(
+                [
+                    prefill_mask_BT[row].nonzero().squeeze(-1),
+                    torch.arange(width, width + len(fed), device=prefill_mask_BT.device),
+                ]
+            )
+            kv = [(k[row][:, cols_L], v[row][:, cols_L]) for k, v in layers_kv]
+            self.kept.put(KeptRow(prompt + fed, kv))
 
     def _is_stop(self, row_tokens: list[int], params: SamplingParams, stop_ids: set[int]) -> bool:
         """Whether the newest token of a row ends it (stop token, or completes a stop string)."""

@@ -6,12 +6,15 @@ the env interprets it, and the segment that follows the turn in the chat templat
 responses and glue) is tokenized once and appended with ``loss_mask = 0``.
 
 All live episodes are sampled together in one `Generator.generate` call per turn, and
-their env steps (tool calls) run concurrently.
+their env steps (tool calls) run concurrently. A generator with a ``session()`` context
+(the ``hf`` one) is asked to keep each episode's KV cache from one turn to the next, so
+a turn prefills only its tool response, not the whole history again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -114,39 +117,11 @@ def run_rollout(
             if traj.prompt_len >= cfg.max_context:
                 _finish(episodes[-1], StopReason.MAX_CONTEXT, None)
 
+    session = getattr(generator, "session", None)
     loop = asyncio.new_event_loop()
     try:
-        turn_index = 0
-        while live := [e for e in episodes if e.traj.stop_reason is None]:
-            # Episodes near the context limit get a smaller budget; batch by budget.
-            by_budget: dict[int, list[_Episode]] = {}
-            for e in live:
-                budget = min(cfg.max_tokens_per_turn, cfg.max_context - len(e.traj.token_ids))
-                by_budget.setdefault(budget, []).append(e)
-            for budget, group in by_budget.items():
-                params = SamplingParams(
-                    max_new_tokens=budget,
-                    temperature=cfg.temperature,
-                    top_p=cfg.top_p,
-                    stop=cfg.stop,
-                    stop_token_ids=chat.stop_token_ids,
-                    seed=None if cfg.seed is None else cfg.seed + turn_index,
-                )
-                tg = time.perf_counter()
-                outs = generator.generate([e.traj.token_ids for e in group], params)
-                stats.generate_s += time.perf_counter() - tg
-                if len(outs) != len(group):
-                    raise RuntimeError(
-                        f"generator returned {len(outs)} completions for {len(group)} prompts"
-                    )
-                te = time.perf_counter()
-                steps = loop.run_until_complete(_step_all(group, outs, chat))
-                stats.env_s += time.perf_counter() - te
-                for e, out, step in zip(group, outs, steps, strict=True):
-                    stats.turns += 1
-                    stats.generated_tokens += len(out.token_ids)
-                    _advance(e, out, step, chat, cfg)
-            turn_index += 1
+        with session() if callable(session) else contextlib.nullcontext():
+            _run_turns(episodes, generator, chat, cfg, stats, loop)
     finally:
         loop.close()
 
@@ -160,6 +135,48 @@ def run_rollout(
         chunk = episodes[i * cfg.n_samples : (i + 1) * cfg.n_samples]
         groups.append(TrajectoryGroup(task=task, trajectories=[e.traj for e in chunk]))
     return groups
+
+
+def _run_turns(
+    episodes: list[_Episode],
+    generator: Generator,
+    chat: ChatFormat,
+    cfg: RolloutConfig,
+    stats: RolloutStats,
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """Sample a turn for every live episode, step their envs, until none is live."""
+    turn_index = 0
+    while live := [e for e in episodes if e.traj.stop_reason is None]:
+        # Episodes near the context limit get a smaller budget; batch by budget.
+        by_budget: dict[int, list[_Episode]] = {}
+        for e in live:
+            budget = min(cfg.max_tokens_per_turn, cfg.max_context - len(e.traj.token_ids))
+            by_budget.setdefault(budget, []).append(e)
+        for budget, group in by_budget.items():
+            params = SamplingParams(
+                max_new_tokens=budget,
+                temperature=cfg.temperature,
+                top_p=cfg.top_p,
+                stop=cfg.stop,
+                stop_token_ids=chat.stop_token_ids,
+                seed=None if cfg.seed is None else cfg.seed + turn_index,
+            )
+            tg = time.perf_counter()
+            outs = generator.generate([e.traj.token_ids for e in group], params)
+            stats.generate_s += time.perf_counter() - tg
+            if len(outs) != len(group):
+                raise RuntimeError(
+                    f"generator returned {len(outs)} completions for {len(group)} prompts"
+                )
+            te = time.perf_counter()
+            steps = loop.run_until_complete(_step_all(group, outs, chat))
+            stats.env_s += time.perf_counter() - te
+            for e, out, step in zip(group, outs, steps, strict=True):
+                stats.turns += 1
+                stats.generated_tokens += len(out.token_ids)
+                _advance(e, out, step, chat, cfg)
+        turn_index += 1
 
 
 async def _step_all(

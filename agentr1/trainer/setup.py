@@ -170,7 +170,9 @@ def load_policy(cfg: Config, path: str) -> tuple[Any, ChatFormat, Any, HFGenerat
     if cfg.model.sampler_dtype == "bfloat16" and dtype != torch.bfloat16:
         sampler = copy.deepcopy(policy).to(torch.bfloat16).eval()
         sampler.requires_grad_(False)
-    return tokenizer, chat, policy, HFGenerator(sampler, tokenizer), pad_id
+    keep = int(cfg.model.keep_kv_gib * 2**30)
+    generator = HFGenerator(sampler, tokenizer, keep_cache_bytes=keep)
+    return tokenizer, chat, policy, generator, pad_id
 
 
 def resolve_device(spec: str) -> torch.device:
