@@ -390,6 +390,14 @@ def test_session_mixes_kept_and_new_prompts_and_respects_its_byte_budget(
             assert small.kept.nbytes <= budget
             out = small.generate(ext, params)
             assert [o.token_ids for o in out] == [o.token_ids for o in want[:2]]
+    # In chunks of one, the first chunk's new (longer) row must not evict the row the
+    # second chunk needs: every prompt takes its kept row before any chunk runs.
+    chunked = HFGenerator(model, batch_size=1, keep_cache_bytes=2 * row_bytes)
+    with chunked.session():
+        chunked.generate([a, b], params)
+        out = chunked.generate(ext, params)
+        assert chunked.last_stats.kept_tokens == sum(len(p) + 4 for p in (a, b))
+    assert [o.token_ids for o in out] == [o.token_ids for o in want[:2]]
     with pytest.raises(ValueError, match="keep_cache_bytes"):
         HFGenerator(model, keep_cache_bytes=-1)
 

@@ -454,13 +454,16 @@ class HFGenerator:
         order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
         chunk = self.batch_size or max(len(prompts), 1)
         results: dict[int, Completion] = {}
+        # Take every prompt's kept row before any chunk keeps new ones (which may evict).
+        kept = [self.kept.take(p) for p in prompts] if self.kept is not None else None
         was_training = self.model.training
         self.model.eval()
         try:
             with torch.inference_mode():
                 for lo in range(0, len(order), chunk):
                     rows = order[lo : lo + chunk]
-                    done = self._generate_chunk([prompts[i] for i in rows], params, rng)
+                    rows_kept = [kept[i] for i in rows] if kept is not None else None
+                    done = self._generate_chunk([prompts[i] for i in rows], params, rng, rows_kept)
                     results.update(zip(rows, done, strict=True))
         finally:
             self.model.train(was_training)
@@ -492,13 +495,17 @@ class HFGenerator:
         return logits_BV
 
     def _generate_chunk(
-        self, prompts: list[list[int]], params: SamplingParams, rng: torch.Generator | None
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        rng: torch.Generator | None,
+        kept: list[KeptRow | None] | None = None,
     ) -> list[Completion]:
-        """Prefill then decode one left-padded chunk until every row has finished."""
+        """Prefill (after the rows' kept caches, if any) then decode one left-padded chunk
+        until every row has finished."""
         device = self.model.device
         cache = _new_cache(self.model)
-        kept = [self.kept.take(p) for p in prompts] if self.kept is not None else []
-        if any(k is not None for k in kept):
+        if kept is not None and any(k is not None for k in kept):
             logits_BV, mask_BT = self._prefill_kept(prompts, kept, cache)
         else:
             logits_BV, mask_BT = self._prefill(prompts, cache)
