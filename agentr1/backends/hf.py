@@ -326,8 +326,9 @@ def cache_layers_kv(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tenso
     """Per layer (keys, values) ``[B, heads, T, head_dim]`` of a plain full-attention
     cache; None when some layer is anything else (sliding window, recurrent state)."""
     layers = getattr(cache, "layers", None)
-    if layers is None:  # transformers 4.x
-        return list(zip(cache.key_cache, cache.value_cache, strict=True))
+    if layers is None:  # transformers 4.x: per-layer lists on the cache itself
+        legacy: Any = cache
+        return list(zip(legacy.key_cache, legacy.value_cache, strict=True))
     if not layers or any(type(layer) is not DynamicLayer for layer in layers):
         return None
     return [(layer.keys, layer.values) for layer in layers]
@@ -457,7 +458,7 @@ class HFGenerator:
         # Take every prompt's kept row before any chunk keeps new ones (which may evict).
         kept = [self.kept.take(p) for p in prompts] if self.kept is not None else None
         was_training = self.model.training
-        self.model.eval()
+        self.model.train(False)  # eval mode (``eval`` is untyped in torch's stubs)
         try:
             with torch.inference_mode():
                 for lo in range(0, len(order), chunk):
