@@ -100,6 +100,58 @@ def test_kill_and_resume_matches_uninterrupted_run(tmp_path: Path) -> None:
     assert s_full["eval_after"] == s_part["eval_after"]
 
 
+def test_a_checkpoint_that_fails_mid_run_does_not_end_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The step-2 checkpoint fails (as a full disk would): logged, counted in the summary,
+    and training goes on to its final checkpoint and model."""
+    from agentr1.trainer import loop
+    from agentr1.trainer.checkpoint import CheckpointError, latest_checkpoint
+
+    real = loop.save_checkpoint
+
+    def flaky(root, step, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if step == 2:
+            raise CheckpointError(f"checkpoint step {step} could not be written: disk full")
+        return real(root, step, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "save_checkpoint", flaky)
+    cfg = load_config(
+        None,
+        [
+            *SMALL,
+            "train.steps=3",
+            "train.checkpoint_every=1",
+            "sft.steps=3",
+            f"train.run_dir={tmp_path}",
+        ],
+    )
+    summary = train(cfg)
+    assert summary["checkpoint_errors"] == 1 and summary["steps"] == 3
+    assert "checkpoint step 2 could not be written" in caplog.text
+    assert latest_checkpoint(tmp_path / "checkpoints").name == "step_000003"
+    assert (tmp_path / "final_model" / "config.json").exists()
+
+
+def test_a_final_model_that_cannot_be_written_names_the_checkpoint_to_resume_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from transformers import PreTrainedModel
+
+    from agentr1.trainer.checkpoint import CheckpointError
+
+    def full_disk(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(PreTrainedModel, "save_pretrained", full_disk)
+    cfg = load_config(None, [*SMALL, "train.steps=1", "sft.steps=2", f"train.run_dir={tmp_path}"])
+    with pytest.raises(CheckpointError) as e:
+        train(cfg)
+    msg = str(e.value)
+    assert "final model could not be written" in msg and "No space left" in msg
+    assert "step_000001" in msg and "resume" in msg
+
+
 def test_eval_episodes_checkpoint_and_extending_a_finished_run(tmp_path: Path) -> None:
     """Every eval episode is on disk for paired tests; the final checkpoint keeps the
     optimizer state (released only after it was written) and the eval summary, so a

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -250,6 +251,35 @@ def test_checkpoint_keeps_newest(tmp_path) -> None:
     for step in (1, 2, 3):
         save_checkpoint(tmp_path, step, {"policy": model}, {}, {}, keep=2)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000002", "step_000003"]
+
+
+def test_a_checkpoint_that_cannot_be_written_names_the_cause_and_leaves_no_debris(
+    tmp_path, monkeypatch
+) -> None:
+    """A full disk mid-write (torch.save's RuntimeError, as seen on a real run) and a disk
+    already too full for another checkpoint: a CheckpointError with the step, the cause and
+    the newest intact checkpoint; no partial directory is left; the old one still loads."""
+    from agentr1.trainer import checkpoint as ckpt
+
+    model = tiny_llama()
+    first = save_checkpoint(tmp_path, 1, {"policy": model}, {"x": 1}, {})
+
+    def full_disk(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos")
+
+    monkeypatch.setattr(ckpt.torch, "save", full_disk)
+    with pytest.raises(ckpt.CheckpointError) as e:
+        save_checkpoint(tmp_path, 2, {"policy": model}, {"x": 2}, {})
+    msg = str(e.value)
+    assert "checkpoint step 2" in msg and "unexpected pos" in msg and str(first) in msg
+    assert sorted(q.name for q in tmp_path.iterdir()) == ["step_000001"]  # no .tmp_ left
+    monkeypatch.undo()
+    assert load_checkpoint(first, {"policy": tiny_llama(seed=3)})[0] == {"x": 1}
+
+    monkeypatch.setattr(ckpt.shutil, "disk_usage", lambda _: SimpleNamespace(free=1024))
+    with pytest.raises(ckpt.CheckpointError, match=r"0 MiB free, the last checkpoint took"):
+        save_checkpoint(tmp_path, 3, {"policy": model}, {}, {})
+    assert sorted(q.name for q in tmp_path.iterdir()) == ["step_000001"]
 
 
 def test_sft_lowers_nll_on_masked_tokens() -> None:

@@ -5,6 +5,11 @@ safetensors, optimizer and scheduler states, every RNG state, the data cursor an
 step. It is written to a temporary sibling directory and renamed into place, so a run
 killed mid-write leaves the previous checkpoint intact. Optimizer/RNG states are loaded
 with ``torch.load(weights_only=True)`` — no arbitrary unpickling.
+
+A checkpoint that cannot be written (a full disk, a vanished directory) raises
+`CheckpointError` naming the step, the directory, the cause and the newest complete
+checkpoint, after removing its partial files; when the disk's free space is already
+smaller than the newest checkpoint, it is refused before anything is written.
 """
 
 from __future__ import annotations
@@ -62,6 +67,23 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
 
 
+class CheckpointError(OSError):
+    """A checkpoint could not be written; the previous ones are intact."""
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+
+
+def _write_failed(root: Path, step: int, why: str) -> CheckpointError:
+    last = latest_checkpoint(root)
+    intact = f"the newest complete checkpoint, {last}, is intact" if last else "no earlier one"
+    return CheckpointError(
+        f"checkpoint step {step} could not be written to {root}: {why}; {intact} "
+        "(free space and run again with resume to continue from it)"
+    )
+
+
 def save_checkpoint(
     root: str | Path,
     step: int,
@@ -84,14 +106,27 @@ def save_checkpoint(
     tmp = root / f".tmp_step_{step:06d}_{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
-    tmp.mkdir()
-    for name, module in modules.items():
-        save_file(_weights(module), str(tmp / f"{name}.safetensors"))
-    torch.save(states, tmp / STATE_FILE)
-    (tmp / META_FILE).write_text(json.dumps({**meta, "step": step}, indent=1))
-    for f in tmp.iterdir():  # make the bytes durable before the rename publishes them
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())
+    last = latest_checkpoint(root)
+    if last is not None:  # the last one's size predicts this one's
+        need, free = _dir_bytes(last), shutil.disk_usage(root).free
+        if free < need:
+            raise _write_failed(
+                root,
+                step,
+                f"{free / 2**20:.0f} MiB free, the last checkpoint took {need / 2**20:.0f} MiB",
+            )
+    try:
+        tmp.mkdir()
+        for name, module in modules.items():
+            save_file(_weights(module), str(tmp / f"{name}.safetensors"))
+        torch.save(states, tmp / STATE_FILE)
+        (tmp / META_FILE).write_text(json.dumps({**meta, "step": step}, indent=1))
+        for f in tmp.iterdir():  # make the bytes durable before the rename publishes them
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+    except (OSError, RuntimeError) as e:  # torch.save reports a full disk as RuntimeError
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise _write_failed(root, step, f"{type(e).__name__}: {e}") from e
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)

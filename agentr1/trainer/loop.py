@@ -39,6 +39,7 @@ from agentr1.eval.evaluate import EvalResult, evaluate
 from agentr1.rollout.collate import collate_groups
 from agentr1.rollout.loop import RolloutStats, run_rollout
 from agentr1.trainer.checkpoint import (
+    CheckpointError,
     latest_checkpoint,
     load_checkpoint,
     rng_state,
@@ -344,6 +345,19 @@ def _modules(s: TrainState) -> dict[str, torch.nn.Module]:
 
 
 def checkpoint(s: TrainState, run: RunDir, extra: dict[str, Any]) -> None:
+    """Write a checkpoint of the whole state; one that cannot be written (a full disk) is
+    logged as an error and counted in ``extra["summary"]["checkpoint_errors"]``, and the
+    run goes on: the previous checkpoint is intact and a later one may succeed."""
+    try:
+        _write_checkpoint(s, run, extra)
+    except CheckpointError as e:
+        log.error("%s", e)
+        summary = extra.get("summary")
+        if isinstance(summary, dict):
+            summary["checkpoint_errors"] = summary.get("checkpoint_errors", 0) + 1
+
+
+def _write_checkpoint(s: TrainState, run: RunDir, extra: dict[str, Any]) -> None:
     states: dict[str, Any] = {
         "optimizer": s.optimizer.state_dict(),
         "scheduler": s.scheduler.state_dict(),
@@ -552,8 +566,17 @@ def train(cfg: Config, resume: bool = False, stop_after: int | None = None) -> d
     run.log_metrics({"phase": "eval_after", **summary["eval_after"]})
     summary["minutes"] = (time.perf_counter() - t_start) / 60
     summary["steps"] = state.step
-    update_checkpoint_meta(latest_checkpoint(run.ckpt_dir), {"summary": summary})
-    setup.policy.save_pretrained(run.dir / "final_model", safe_serialization=True)
-    setup.tokenizer.save_pretrained(run.dir / "final_model")
+    last = latest_checkpoint(run.ckpt_dir)
+    if last is not None and last.name == f"step_{state.step:06d}":  # not an older one
+        update_checkpoint_meta(last, {"summary": summary})
+    try:
+        setup.policy.save_pretrained(run.dir / "final_model", safe_serialization=True)
+        setup.tokenizer.save_pretrained(run.dir / "final_model")
+    except (OSError, RuntimeError) as e:
+        raise CheckpointError(
+            f"the final model could not be written to {run.dir / 'final_model'}: "
+            f"{type(e).__name__}: {e}; the newest complete checkpoint is {last} "
+            "(free space and run again with resume to continue from it)"
+        ) from e
     run.finish(summary)
     return summary
