@@ -52,12 +52,19 @@ class _Bar:
 
 def metric_records(run_dir: Path, phase: str) -> list[dict[str, Any]]:
     """The rows of ``run_dir/metrics.jsonl`` of one phase (``"rl"``: one per RL step), in
-    order; none when the run has not logged any."""
+    order; none when the run has not logged any.
+
+    A resumed run logs again the steps after its checkpoint; the rows a killed attempt
+    logged for them are superseded: of rows with the same ``step``, the last one is kept
+    (rows without a step are all kept, in order).
+    """
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         return []
     with open(path, encoding="utf-8") as f:
-        return [r for r in map(json.loads, f) if r.get("phase") == phase]
+        rows = [r for r in map(json.loads, f) if r.get("phase") == phase]
+    last = {r["step"]: i for i, r in enumerate(rows) if "step" in r}
+    return [r for i, r in enumerate(rows) if "step" not in r or last[r["step"]] == i]
 
 
 class RunDir:
