@@ -37,6 +37,16 @@ WARM_START = "runs/multihop_real2/warm_start/final_model"
 PHASES = ("time/rollout", "time/old_logprobs", "time/reference", "time/update", "time/step")
 
 
+def check_warm_start(ap: argparse.ArgumentParser, model: str) -> None:
+    """Stop with the command that makes it when ``model`` is the missing default warm start
+    (``from_pretrained`` would take the path for a hub id and say so, unhelpfully)."""
+    if model == WARM_START and not Path(WARM_START).is_dir():
+        ap.error(
+            f"no {WARM_START}: make the recipe's warm start first (benchmarks/multihop_real.py "
+            "warm --root runs/multihop_real2) or pass --model DIR"
+        )
+
+
 def summarize(rows: list[dict[str, float]]) -> dict[str, float]:
     """Median over the steps after the first (all of them if there is only one)."""
     later = rows[1:] or rows
@@ -55,11 +65,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, float]]:
     args = ap.parse_args(argv)
     if args.steps < 1:
         ap.error("--steps must be >= 1")
-    if args.model == WARM_START and not Path(WARM_START).is_dir():
-        ap.error(
-            f"no {WARM_START}: make the recipe's warm start first (benchmarks/multihop_real.py "
-            "warm --root runs/multihop_real2) or pass --model DIR"
-        )
+    check_warm_start(ap, args.model)
     with tempfile.TemporaryDirectory(prefix="grpo_step_") as tmp:
         cfg = load_config(
             args.recipe,

@@ -20,15 +20,13 @@ import argparse
 import dataclasses
 import statistics
 import time
-from pathlib import Path
 from typing import Any
+
+from grpo_step import RECIPE, WARM_START, check_warm_start
 
 from agentr1.config import load_config
 from agentr1.rollout import run_rollout
 from agentr1.trainer.setup import build_setup
-
-RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "multihop_smollm2.yaml"
-WARM_START = "runs/multihop_real2/warm_start/final_model"
 
 
 def group_summary(groups: list[Any]) -> dict[str, float]:
@@ -57,11 +55,7 @@ def main(argv: list[str] | None = None) -> dict[float, dict[str, float]]:
     ap.add_argument("--recipe", default=str(RECIPE))
     ap.add_argument("overrides", nargs="*", help="section.field=value")
     args = ap.parse_args(argv)
-    if args.model == WARM_START and not Path(WARM_START).is_dir():
-        ap.error(
-            f"no {WARM_START}: make the recipe's warm start first (benchmarks/multihop_real.py "
-            "warm --root runs/multihop_real2) or pass --model DIR"
-        )
+    check_warm_start(ap, args.model)
     if any(t <= 0 for t in args.temperatures):
         ap.error("--temperatures must be > 0 (greedy is always run)")
     cfg = load_config(
