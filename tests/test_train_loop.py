@@ -141,8 +141,12 @@ def test_a_final_model_that_cannot_be_written_names_the_checkpoint_to_resume_fro
 
     from agentr1.trainer.checkpoint import CheckpointError
 
-    def full_disk(*args: object, **kwargs: object) -> None:
-        raise OSError(28, "No space left on device")
+    real = PreTrainedModel.save_pretrained
+
+    def full_disk(self, path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if Path(path).name == "final_model":  # the tiny model's own cache still saves
+            raise OSError(28, "No space left on device")
+        return real(self, path, *args, **kwargs)
 
     monkeypatch.setattr(PreTrainedModel, "save_pretrained", full_disk)
     cfg = load_config(None, [*SMALL, "train.steps=1", "sft.steps=2", f"train.run_dir={tmp_path}"])
