@@ -36,13 +36,12 @@ class Counting:
 
     def __init__(self, gen: HFGenerator) -> None:
         self.gen = gen
-        self.prefilled = self.kept = self.calls = self.peak_kept_bytes = 0
+        self.prefilled = self.kept = self.peak_kept_bytes = 0
         self.session = gen.session
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
         out = self.gen.generate(prompts, params)
         s = self.gen.last_stats
-        self.calls += 1
         self.kept += s.kept_tokens
         self.prefilled += s.prompt_tokens - s.kept_tokens - s.shared_prefix_tokens
         if self.gen.kept is not None:
@@ -65,7 +64,6 @@ def rollout(setup: Any, keep_bytes: int, args: argparse.Namespace) -> dict[str, 
         "prefilled": gen.prefilled,
         "kept": gen.kept,
         "peak_mib": gen.peak_kept_bytes / 2**20,
-        "turns": stats.turns,
         "tokens": [t.token_ids for t in trajs],
         "logprobs": [lp for t in trajs for lp, m in zip(t.logprobs, t.loss_mask, strict=True) if m],
     }

@@ -75,11 +75,13 @@ def _dir_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.iterdir() if f.is_file())
 
 
-def _write_failed(root: Path, step: int, why: str) -> CheckpointError:
+def write_failed(root: str | Path, what: str, to: Path, why: str) -> CheckpointError:
+    """The error for ``what`` (a checkpoint, the final model) that could not be written to
+    ``to``: the cause and the newest complete checkpoint under ``root`` to resume from."""
     last = latest_checkpoint(root)
     intact = f"the newest complete checkpoint, {last}, is intact" if last else "no earlier one"
     return CheckpointError(
-        f"checkpoint step {step} could not be written to {root}: {why}; {intact} "
+        f"{what} could not be written to {to}: {why}; {intact} "
         "(free space and run again with resume to continue from it)"
     )
 
@@ -110,9 +112,10 @@ def save_checkpoint(
     if last is not None:  # the last one's size predicts this one's
         need, free = _dir_bytes(last), shutil.disk_usage(root).free
         if free < need:
-            raise _write_failed(
+            raise write_failed(
                 root,
-                step,
+                f"checkpoint step {step}",
+                root,
                 f"{free / 2**20:.0f} MiB free, the last checkpoint took {need / 2**20:.0f} MiB",
             )
     try:
@@ -126,7 +129,7 @@ def save_checkpoint(
                 os.fsync(fh.fileno())
     except (OSError, RuntimeError) as e:  # torch.save reports a full disk as RuntimeError
         shutil.rmtree(tmp, ignore_errors=True)
-        raise _write_failed(root, step, f"{type(e).__name__}: {e}") from e
+        raise write_failed(root, f"checkpoint step {step}", root, f"{type(e).__name__}: {e}") from e
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)

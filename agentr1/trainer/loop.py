@@ -46,6 +46,7 @@ from agentr1.trainer.checkpoint import (
     save_checkpoint,
     set_rng_state,
     update_checkpoint_meta,
+    write_failed,
 )
 from agentr1.trainer.critic import ValueModel
 from agentr1.trainer.logprobs import token_logprobs
@@ -573,10 +574,7 @@ def train(cfg: Config, resume: bool = False, stop_after: int | None = None) -> d
         setup.policy.save_pretrained(run.dir / "final_model", safe_serialization=True)
         setup.tokenizer.save_pretrained(run.dir / "final_model")
     except (OSError, RuntimeError) as e:
-        raise CheckpointError(
-            f"the final model could not be written to {run.dir / 'final_model'}: "
-            f"{type(e).__name__}: {e}; the newest complete checkpoint is {last} "
-            "(free space and run again with resume to continue from it)"
-        ) from e
+        why = f"{type(e).__name__}: {e}"
+        raise write_failed(run.ckpt_dir, "the final model", run.dir / "final_model", why) from e
     run.finish(summary)
     return summary
