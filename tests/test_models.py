@@ -12,6 +12,7 @@ from agentr1 import models
 from agentr1.models import (
     SMOLLM2_ALIAS,
     SMOLLM2_GGUF,
+    is_complete_save,
     load_model,
     load_tokenizer,
     prepare_smollm2,
@@ -50,6 +51,33 @@ def test_local_directory_loads(tmp_path: Path) -> None:
     model = load_model(path, dtype=torch.float64)
     assert not model.training and model.dtype == torch.float64
     assert load_tokenizer(path).encode("abc", add_special_tokens=False) == [4, 5, 6]
+
+
+def test_loading_the_alias_prepares_the_plain_copy_first(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = []
+
+    def fake_prepare() -> Path:  # a tiny stand-in: the wiring, not the conversion
+        calls.append(1)
+        save_tiny_llama(models.prepared_smollm2_dir())
+        return models.prepared_smollm2_dir()
+
+    monkeypatch.setattr(models, "prepare_smollm2", fake_prepare)
+    model = load_model(SMOLLM2_ALIAS)  # nothing prepared in this cache yet
+    assert calls == [1] and is_complete_save(cache / "models" / SMOLLM2_ALIAS)
+    assert model.config.hidden_size == 32  # the prepared copy, not the GGUF
+    load_model(SMOLLM2_ALIAS)
+    assert calls == [1]  # once per cache
+
+
+@pytest.mark.slow
+def test_loading_the_alias_gives_a_model_that_can_be_saved(cache: Path, tmp_path: Path) -> None:
+    model = load_model(SMOLLM2_ALIAS)  # nothing prepared in this cache yet
+    assert is_complete_save(cache / "models" / SMOLLM2_ALIAS)
+    assert getattr(model.config, "quantization_config", None) is None
+    model.save_pretrained(tmp_path / "trained", safe_serialization=True)  # refused for GGUF
+    assert (tmp_path / "trained" / "model.safetensors").is_file()
 
 
 @pytest.mark.slow
