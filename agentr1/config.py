@@ -39,6 +39,25 @@ class TinyModelConfig:
     """Longest episode (prompt + turns + tool responses) the model can see."""
 
 
+DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The attention and MLP projections of Llama / Qwen / Mistral style models."""
+
+
+@dataclass(frozen=True)
+class LoRAConfig:
+    """Low-rank adapters (`agentr1.lora`): train ``B A`` on chosen linear layers, freeze
+    every other weight. The KL reference is then the base model with the adapters off (no
+    second copy), SFT adapters are merged into the base before RL, and the final model is
+    saved merged (a plain model of the same architecture)."""
+
+    rank: int = 0
+    """Adapter rank r; 0 = no adapters, every weight trains (full fine-tuning)."""
+    alpha: float = 16.0
+    """Scale numerator: the update is (alpha / rank) B A."""
+    targets: list[str] = field(default_factory=lambda: list(DEFAULT_LORA_TARGETS))
+    """Last name parts of the linear layers to adapt (Llama / Qwen projections)."""
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Which policy to train."""
@@ -67,6 +86,8 @@ class ModelConfig:
     """KV cache the sampler keeps from one turn of an episode to the next, in GiB: a turn
     then prefills only the tool response before it, not the whole history (the oldest
     episodes' caches are dropped beyond it; 0 re-prefills every turn)."""
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
+    """Low-rank adapters instead of full fine-tuning (rank 0 = off)."""
     chat_template: Literal["model", "qwen2.5", "chatml-minimal"] = "chatml-minimal"
     """"model" = the tokenizer's own template; "qwen2.5" = ChatML with the tool listing
     (real instruct models); "chatml-minimal" = ChatML without it (the shortest prompt,
@@ -404,6 +425,14 @@ class Config:
             errors.append(
                 f"model.keep_kv_gib={self.model.keep_kv_gib}: expected >= 0 (0 keeps no cache)"
             )
+        lora = self.model.lora
+        if lora.rank < 0 or lora.alpha <= 0:
+            errors.append(
+                f"model.lora.rank={lora.rank}, alpha={lora.alpha}: expected rank >= 0 "
+                "(0 = full fine-tuning) and alpha > 0"
+            )
+        if lora.rank and not lora.targets:
+            errors.append("model.lora.targets is empty: name the linear layers to adapt")
         if self.task.process.no_answer < 0:
             errors.append(
                 f"task.process.no_answer={self.task.process.no_answer}: expected >= 0 (a "

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from agentr1 import lora
 from agentr1.algorithms import (
     AdvantageConfig,
     AdvantageInputs,
@@ -181,6 +182,12 @@ def _score_batch(
             out["ref"], _ = token_logprobs(
                 s.reference, batch.input_ids_BT, batch.attention_mask_BT, train_mask_BT, temp
             )
+    elif cfg.algo.kl_coef > 0 and lora.lora_modules(s.setup.policy):
+        with timer("reference"), lora.adapters_disabled(s.setup.policy):
+            s.setup.policy.eval()
+            out["ref"], _ = token_logprobs(
+                s.setup.policy, batch.input_ids_BT, batch.attention_mask_BT, train_mask_BT, temp
+            )
     if s.critic is not None:
         with timer("values"):
             out["values"] = s.critic(batch.input_ids_BT, batch.attention_mask_BT)
@@ -295,7 +302,7 @@ def make_state(setup: Setup) -> TrainState:
     cfg = setup.cfg
     policy = setup.policy
     opt = torch.optim.AdamW(
-        policy.parameters(),
+        lora.trainable_parameters(policy),
         lr=cfg.optim.lr,
         weight_decay=cfg.optim.weight_decay,
         betas=(0.9, 0.99),
@@ -317,7 +324,8 @@ def make_state(setup: Setup) -> TrainState:
         critic = ValueModel.from_policy(policy)
         critic_opt = torch.optim.AdamW(critic.parameters(), lr=cfg.algo.critic_lr)
     reference = None
-    if cfg.algo.kl_coef > 0:
+    # With LoRA the reference is the policy's base, adapters off (`reference_logprobs`).
+    if cfg.algo.kl_coef > 0 and not lora.lora_modules(policy):
         import copy
 
         reference = copy.deepcopy(policy).eval()
@@ -457,6 +465,8 @@ def warm_start(setup: Setup, run: RunDir) -> dict[str, float]:
         autocast=lambda: train_autocast(cfg, setup.policy),
     )
     bar.close()
+    # The RL reference is the adapters-off base: make it the warm start.
+    lora.merge_adapters(setup.policy)
     setup.sync_sampler()
     info = {
         "sft/demo_em": demo_em,
@@ -560,6 +570,7 @@ def train(cfg: Config, resume: bool = False, stop_after: int | None = None) -> d
         # The trained weights are on disk before the final eval (which can be killed).
         checkpoint(state, run, {"summary": summary})
     release_training_state(state)  # the eval needs only the policy and its sampler copy
+    lora.unload(setup.policy)  # a plain model from here on: eval, then save
     if state.step == 0 and "eval_before" in summary:  # no RL step: the same weights
         summary["eval_after"] = summary["eval_before"]
     else:

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from agentr1 import configutil
+from agentr1 import configutil, lora
 from agentr1.backends.hf import HFGenerator
 from agentr1.config import Config
 from agentr1.envs.world import World
@@ -60,7 +60,7 @@ class Setup:
         """Copy the policy's weights into the sampler's copy (no-op when they are shared).
         Call after every change to the policy's weights."""
         if not self.sampler_is_policy:
-            self.generator.model.load_state_dict(self.policy.state_dict())
+            self.generator.model.load_state_dict(lora.merged_state_dict(self.policy))
 
     def demo_sources(
         self, early_answer_prob: float, seed: int, notes: bool = True
@@ -170,6 +170,21 @@ def load_policy(cfg: Config, path: str) -> tuple[Any, ChatFormat, Any, HFGenerat
     if cfg.model.sampler_dtype == "bfloat16" and dtype != torch.bfloat16:
         sampler = copy.deepcopy(policy).to(torch.bfloat16).eval()
         sampler.requires_grad_(False)
+    if cfg.model.lora.rank:
+        # After the sampler copy, which stays a plain model (synced merged).
+        names = lora.apply_lora(
+            policy, cfg.model.lora.rank, cfg.model.lora.alpha, cfg.model.lora.targets
+        )
+        n_train = sum(p.numel() for p in lora.trainable_parameters(policy))
+        n_all = sum(p.numel() for p in policy.parameters())
+        log.info(
+            "LoRA rank %d on %d linear layers: %d of %d parameters train (%.2f%%)",
+            cfg.model.lora.rank,
+            len(names),
+            n_train,
+            n_all,
+            100 * n_train / n_all,
+        )
     keep = int(cfg.model.keep_kv_gib * 2**30)
     generator = HFGenerator(sampler, tokenizer, keep_cache_bytes=keep)
     return tokenizer, chat, policy, generator, pad_id

@@ -1,0 +1,170 @@
+"""LoRA: train a low-rank update of the policy's linear layers instead of every weight.
+
+A chosen linear layer ``y = W x`` becomes ``y = W x + (alpha / r) · B A x`` with ``A`` [r, in]
+and ``B`` [out, r] trainable and ``W`` frozen; ``B`` starts at zero, so the adapted model
+starts equal to its base. The backward pass then computes no gradient for any base weight
+(on SmolLM2-135M that is most of the update's work: benchmarks/RESULTS.md), and AdamW keeps
+moments for the adapters only.
+
+The base weights stay plain parameters under their usual names; the adapters are two more
+parameters on the same modules (``<module>.lora_A``, ``<module>.lora_B``), added to the
+output by a forward hook. Hence:
+
+- `merged_state_dict` is a plain state dict (base + scaled B A under the base's names): the
+  bf16 sampler copy and a saved final model load it like any other;
+- `adapters_disabled` runs the base model: the KL reference without a second copy;
+- `merge_adapters` folds the adapters into the base and restarts them at zero (after the SFT
+  warm start, so the RL reference — the base — is the warm start);
+- `unload` folds them in and removes them: a plain model again.
+
+Notation: r = rank, I = in features, O = out features.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from agentr1.config import DEFAULT_LORA_TARGETS as DEFAULT_TARGETS
+
+
+def _a_b(m: nn.Module) -> tuple[nn.Parameter, nn.Parameter]:
+    """An adapted module's (A [r, I], B [O, r])."""
+    return m.get_parameter("lora_A"), m.get_parameter("lora_B")
+
+
+def _flags(m: nn.Module) -> dict[str, Any]:
+    """An adapted module's plain attributes (``lora_scale``, ``lora_enabled``)."""
+    return m.__dict__
+
+
+def _lora_forward(module: nn.Module, args: tuple[Any, ...], out: torch.Tensor) -> torch.Tensor:
+    if not _flags(module)["lora_enabled"]:
+        return out
+    a_RI, b_OR = _a_b(module)
+    scale: float = _flags(module)["lora_scale"]
+    return out + nn.functional.linear(nn.functional.linear(args[0], a_RI), b_OR) * scale
+
+
+def lora_modules(model: nn.Module) -> list[tuple[str, nn.Linear]]:
+    """(name, module) of every adapted linear layer, in module order."""
+    return [
+        (n, m)
+        for n, m in model.named_modules()
+        if isinstance(m, nn.Linear) and "lora_A" in m._parameters
+    ]
+
+
+def apply_lora(
+    model: nn.Module, rank: int, alpha: float, targets: Sequence[str] = DEFAULT_TARGETS
+) -> list[str]:
+    """Add rank-``rank`` adapters to every linear layer whose last name part is in
+    ``targets``, freeze every other parameter of ``model``; returns the adapted names.
+
+    Raises:
+        ValueError: a bad rank or alpha, a model that has adapters already, targets that
+            match no linear layer (the message lists the model's linear layer names), or a
+            target whose weight is tied to another module (merging would change both).
+    """
+    if rank < 1 or alpha <= 0:
+        raise ValueError(f"LoRA needs rank >= 1 and alpha > 0, got rank={rank}, alpha={alpha}")
+    if lora_modules(model):
+        raise ValueError("the model has LoRA adapters already")
+    linear = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    chosen = [n for n in linear if n.rsplit(".", 1)[-1] in targets]
+    if not chosen:
+        names = sorted({n.rsplit(".", 1)[-1] for n in linear})
+        raise ValueError(
+            f"model.lora.targets={list(targets)} match no linear layer of this model; "
+            f"its linear layers are named: {', '.join(names)}"
+        )
+    owners: dict[int, list[str]] = {}
+    for n, p in model.named_parameters(remove_duplicate=False):
+        owners.setdefault(id(p), []).append(n)
+    for n in chosen:
+        others = [t for t in owners[id(linear[n].weight)] if t != f"{n}.weight"]
+        if others:
+            raise ValueError(
+                f"model.lora.targets: {n}.weight is tied to {', '.join(others)}; an adapter "
+                "on it would change both when merged: leave it out of the targets"
+            )
+    model.requires_grad_(False)
+    for n in chosen:
+        m = linear[n]
+        w = m.weight
+        a_RI = torch.empty(rank, m.in_features, dtype=w.dtype, device=w.device)
+        nn.init.kaiming_uniform_(a_RI, a=math.sqrt(5))  # nn.Linear's own init
+        b_OR = torch.zeros(m.out_features, rank, dtype=w.dtype, device=w.device)
+        m.register_parameter("lora_A", nn.Parameter(a_RI))
+        m.register_parameter("lora_B", nn.Parameter(b_OR))
+        _flags(m).update(lora_scale=alpha / rank, lora_enabled=True)
+        m.register_forward_hook(_lora_forward)
+    return chosen
+
+
+def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The parameters an optimizer should hold (all of them without adapters)."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def _delta(m: nn.Linear) -> torch.Tensor:
+    """The adapter's weight update, in the base weight's dtype. [O, I]"""
+    a_RI, b_OR = (p.detach().float() for p in _a_b(m))
+    scale: float = _flags(m)["lora_scale"]
+    return (scale * (b_OR @ a_RI)).to(m.weight.dtype)
+
+
+def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """``model.state_dict()`` with every adapter folded into its base weight and the
+    adapter entries left out: what a plain model of the same architecture loads."""
+    sd = model.state_dict()
+    for name, m in lora_modules(model):
+        prefix = f"{name}." if name else ""
+        del sd[f"{prefix}lora_A"], sd[f"{prefix}lora_B"]
+        sd[f"{prefix}weight"] = m.weight.detach() + _delta(m)
+    return sd
+
+
+@torch.no_grad()
+def merge_adapters(model: nn.Module) -> int:
+    """Fold every adapter into its base weight and restart it at zero (B = 0; A kept);
+    the model computes the same function. Returns the number of adapters merged."""
+    mods = lora_modules(model)
+    for _, m in mods:
+        m.weight.add_(_delta(m))
+        _a_b(m)[1].zero_()
+    return len(mods)
+
+
+@torch.no_grad()
+def unload(model: nn.Module) -> int:
+    """Merge every adapter and remove it (parameters, hook, flags): a plain model that
+    computes the same function. Returns the number of adapters removed."""
+    mods = lora_modules(model)
+    merge_adapters(model)
+    for _, m in mods:
+        for key, hook in list(m._forward_hooks.items()):
+            if hook is _lora_forward:
+                del m._forward_hooks[key]
+        del m._parameters["lora_A"], m._parameters["lora_B"]
+        del _flags(m)["lora_scale"], _flags(m)["lora_enabled"]
+    return len(mods)
+
+
+@contextlib.contextmanager
+def adapters_disabled(model: nn.Module) -> Iterator[None]:
+    """Run ``model`` as its base (every adapter off) inside the block."""
+    mods = [m for _, m in lora_modules(model)]
+    before = [_flags(m)["lora_enabled"] for m in mods]
+    for m in mods:
+        _flags(m)["lora_enabled"] = False
+    try:
+        yield
+    finally:
+        for m, on in zip(mods, before, strict=True):
+            _flags(m)["lora_enabled"] = on
