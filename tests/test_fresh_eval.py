@@ -15,14 +15,15 @@ from agentr1.data import normalize_question
 from agentr1.trainer.loop import TaskSampler, demo_picks
 from agentr1.trainer.qa_setup import load_qa_data
 
+from .benchmark_scripts import benchmark
 from .test_qa_env import ircot_record, tiny_qa_recipe, write_jsonl
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-try:
-    import fresh_eval
-    from fresh_eval import check_draws, fresh_tasks, untrained_tasks
-finally:
-    sys.path.pop(0)
+fresh_eval = benchmark("fresh_eval")
+check_draws, fresh_tasks, untrained_tasks = (
+    fresh_eval.check_draws,
+    fresh_eval.fresh_tasks,
+    fresh_eval.untrained_tasks,
+)
 
 
 def test_fresh_questions_are_new_and_never_trained_on(tmp_path: Path) -> None:

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
+from .benchmark_scripts import benchmark
 from .test_qa_env import tiny_qa_recipe
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-try:
-    import grpo_step
-finally:
-    sys.path.pop(0)
+grpo_step = benchmark("grpo_step")
 
 
 def test_summary_is_the_median_of_the_steps_after_the_first() -> None:

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
+from .benchmark_scripts import benchmark
 from .test_qa_env import tiny_qa_recipe
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-try:
-    import kept_cache
-finally:
-    sys.path.pop(0)
+kept_cache = benchmark("kept_cache")
 
 
 def test_the_script_compares_both_settings_on_the_same_rollout(

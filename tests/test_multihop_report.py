@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from .benchmark_scripts import benchmark
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -75,11 +77,7 @@ def test_report_pairs_rl_runs_with_the_warm_start(tmp_path: Path) -> None:
 
 
 def test_keep_finished_copies_results_and_leaves_a_resumable_run(tmp_path: Path) -> None:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        from multihop_real import keep_finished
-    finally:
-        sys.path.pop(0)
+    keep_finished = benchmark("multihop_real").keep_finished
     run = tmp_path / "grpo"
     (run / "final_model").mkdir(parents=True)
     (run / "final_model" / "model.safetensors").write_text("w")

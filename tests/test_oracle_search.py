@@ -3,22 +3,17 @@ passages, whatever the query, through the normal rollout."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 from agentr1.backends.scripted import ScriptedGenerator
 from agentr1.retrieval.base import Passage
 from agentr1.rollout import RolloutConfig, run_rollout
 from agentr1.tools.search import SearchTool
 from agentr1.types import Task
 
+from .benchmark_scripts import benchmark
 from .fakes import byte_chat
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-try:
-    from oracle_search import GoldPassages, OracleSearchEnv
-finally:
-    sys.path.pop(0)
+oracle_search = benchmark("oracle_search")
+GoldPassages, OracleSearchEnv = oracle_search.GoldPassages, oracle_search.OracleSearchEnv
 
 CALL = '<tool_call>{"name": "search", "arguments": {"query": "anything at all"}}</tool_call>'
 

@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from .benchmark_scripts import benchmark
 from .test_qa_env import tiny_qa_recipe
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-try:
-    import temperature_probe
-finally:
-    sys.path.pop(0)
+temperature_probe = benchmark("temperature_probe")
 
 
 def episode(reward: float, em: float, searches: int, answer: str | None) -> SimpleNamespace:
