@@ -48,7 +48,8 @@ class LoRAConfig:
     """Low-rank adapters (`agentr1.lora`): train ``B A`` on chosen linear layers, freeze
     every other weight. The KL reference is then the base model with the adapters off (no
     second copy), SFT adapters are merged into the base before RL, and the final model is
-    saved merged (a plain model of the same architecture)."""
+    saved merged (a plain model of the same architecture). PPO's critic starts as a copy
+    of the adapted backbone: it trains its own adapters and its value head."""
 
     rank: int = 0
     """Adapter rank r; 0 = no adapters, every weight trains (full fine-tuning)."""
