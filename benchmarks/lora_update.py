@@ -44,31 +44,11 @@ def state_bytes(model: torch.nn.Module, opt: torch.optim.Optimizer) -> int:
 def one_batch(setup: Any) -> Any:
     """The recipe's rollout of one question -> the `UpdateBatch` a GRPO step would use."""
     from agentr1.rollout.collate import collate_groups
-    from agentr1.trainer.loop import (
-        Timer,
-        _masks,
-        compute_step_advantages,
-        make_state,
-        sample_rollouts,
-        score_batch,
-    )
-    from agentr1.trainer.update import UpdateBatch
+    from agentr1.trainer.loop import Timer, make_state, sample_rollouts, update_batch
 
     s = make_state(setup)
-    timer = Timer()
-    groups, _ = sample_rollouts(s, timer)
-    batch = collate_groups(groups, setup.pad_id)
-    train_BT, adv_mask_BT = _masks(batch, setup.cfg)
-    scored = score_batch(s, batch, train_BT, timer)
-    adv_BT, _, _ = compute_step_advantages(setup.cfg, batch, scored, adv_mask_BT)
-    return UpdateBatch(
-        input_ids_BT=batch.input_ids_BT,
-        attention_mask_BT=batch.attention_mask_BT,
-        loss_mask_BT=train_BT,
-        advantages_BT=adv_BT * train_BT,
-        old_logprobs_BT=scored["old"],
-        ref_logprobs_BT=scored["ref"],
-    )
+    groups, _ = sample_rollouts(s, Timer())
+    return update_batch(s, collate_groups(groups, setup.pad_id), Timer())[0]
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:

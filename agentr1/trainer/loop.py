@@ -242,13 +242,12 @@ def rollout_metrics(groups: list[Any], stats: RolloutStats) -> dict[str, float]:
     return m
 
 
-def rl_step(s: TrainState, run: RunDir) -> dict[str, float]:
-    """One RL step; returns its metrics."""
+def update_batch(
+    s: TrainState, batch: Any, timer: Timer
+) -> tuple[UpdateBatch, dict[str, Any], dict[str, float]]:
+    """A collated rollout batch -> what the update takes: masks, reference / old
+    log-probs and values (`score_batch`), advantages; also the scores and KL metrics."""
     cfg = s.setup.cfg
-    timer = Timer()
-    t0 = time.perf_counter()
-    groups, stats = sample_rollouts(s, timer)
-    batch = collate_groups(groups, s.setup.pad_id).to(s.setup.policy.device)
     train_mask_BT, adv_mask_BT = _masks(batch, cfg)
     scored = score_batch(s, batch, train_mask_BT, timer)
     with timer("advantage"):
@@ -263,6 +262,17 @@ def rl_step(s: TrainState, run: RunDir) -> dict[str, float]:
         returns_BT=ret_BT if s.critic is not None else None,
         old_values_BT=scored["values"],
     )
+    return ub, scored, kl_metrics
+
+
+def rl_step(s: TrainState, run: RunDir) -> dict[str, float]:
+    """One RL step; returns its metrics."""
+    cfg = s.setup.cfg
+    timer = Timer()
+    t0 = time.perf_counter()
+    groups, stats = sample_rollouts(s, timer)
+    batch = collate_groups(groups, s.setup.pad_id).to(s.setup.policy.device)
+    ub, scored, kl_metrics = update_batch(s, batch, timer)
     train_policy = s.step >= cfg.algo.critic_warmup_steps or s.critic is None
     with timer("update"):
         upd = rl_update(
