@@ -334,7 +334,7 @@ def make_state(setup: Setup) -> TrainState:
         critic = ValueModel.from_policy(policy)
         critic_opt = torch.optim.AdamW(critic.parameters(), lr=cfg.algo.critic_lr)
     reference = None
-    # With LoRA the reference is the policy's base, adapters off (`reference_logprobs`).
+    # With LoRA the reference is the policy's base, adapters off (`_score_batch`).
     if cfg.algo.kl_coef > 0 and not lora.lora_modules(policy):
         import copy
 
