@@ -140,6 +140,76 @@ def untrained_tasks(
     return out, note
 
 
+def outside_tasks(
+    cfg: Config, files: list[str], take: int, skip: int = 0, answer_top_k: int = 5
+) -> tuple[dict[str, list[Task]], str]:
+    """``q_<dataset>`` -> questions of ``files`` (any question format; question-only files
+    are the point) that no file of the recipe holds, kept only when a search of the
+    question itself finds the answer; a line saying how many.
+
+    Question-only files have no context paragraphs in the corpus, so most of their questions
+    cannot be answered from it (PROVENANCE.md: 6-28%). The filter keeps a question when
+    any of its answers is in the title or the text, clipped as the search tool clips it
+    (``task.passage_words``), of the recipe retriever's top ``answer_top_k`` passages for
+    the question (`cover_exact_match`). The filter looks at no model, so a paired
+    comparison on the kept questions is fair; it does favour questions one search can
+    start on.
+
+    Questions are deduplicated across ``files`` (`dedupe`), dropped when their id or
+    normalized question is in any train or eval file of the recipe (all of each file, not
+    only the sampled splits), filtered, then taken in the seeded order (`seeded_rank`,
+    ``task.qa.split_seed``): ``skip`` drops the first, ``take`` caps the rest."""
+    from agentr1.data import dedupe, load_file, normalize_question, seeded_rank
+    from agentr1.envs.qa_env import retriever_from_spec
+    from agentr1.rewards.qa import cover_exact_match
+    from agentr1.tools.search import clip_words
+    from agentr1.trainer.qa_setup import data_root, load_qa_data, resolve_entry
+
+    if skip < 0 or take <= 0 or answer_top_k <= 0:
+        raise ValueError(
+            f"--take and --answer-top-k must be positive and --skip at least 0 "
+            f"(got {take}, {answer_top_k}, {skip})"
+        )
+    qa = cfg.task.qa
+    data = load_qa_data(qa)
+    # Every question of every recipe file, not only those its splits sampled.
+    recipe = [s for p in {p for ps in data.files.values() for p in ps} for s in load_file(p)]
+    seen_ids = {s.id for s in recipe}
+    seen_questions = {normalize_question(s.question) for s in recipe}
+    root = data_root(qa)
+    paths = [p for f in files for p in resolve_entry(f, root, "--questions")]
+    read = [s for p in paths for s in load_file(p)]
+    samples = dedupe(read)
+    new = [
+        s
+        for s in samples
+        if s.id not in seen_ids and normalize_question(s.question) not in seen_questions
+    ]
+    retriever = retriever_from_spec(qa.retriever, data.passages)
+    hits = retriever.search_batch([s.question for s in new], answer_top_k)
+    words = cfg.task.passage_words
+    kept = [
+        s
+        for s, top in zip(new, hits, strict=True)
+        if cover_exact_match(
+            " ".join(f"{p.title} {clip_words(p.text, words)}" for p in top), list(s.answers)
+        )
+    ]
+    kept.sort(key=lambda s: seeded_rank(qa.split_seed, s.id))
+    picked = kept[skip : skip + take]
+    out: dict[str, list[Task]] = {}
+    for s in picked:
+        out.setdefault(f"q_{s.dataset}", []).append(s.to_task())
+    note = (
+        f"outside questions: {len(read)} in {len(paths)} file(s), {len(samples)} distinct, "
+        f"{len(new)} in no recipe file, {len(kept)} with an answer in the top {answer_top_k} passages for the question; "
+        f"taking {len(picked)}"
+        + (f" after skipping the first {skip}" if skip else "")
+        + "".join(f"; {name}: {len(ts)}" for name, ts in sorted(out.items()))
+    )
+    return out, note
+
+
 def check_draws(model_dir: Path, rl_draws: int, seed: int) -> None:
     """Refuse a model whose run (``model_dir``'s parent, as the trainer writes it) drew
     more RL questions than ``rl_draws`` or drew them with another seed: its "untrained"
@@ -199,12 +269,30 @@ def main() -> None:
         help="test on the training questions no demonstration and none of the first "
         "RL_DRAWS RL draws used (`untrained_tasks`), instead of eval-split leftovers",
     )
+    ap.add_argument(
+        "--questions",
+        nargs="+",
+        metavar="FILE",
+        help="test on these files' questions that no recipe file holds and whose answer a "
+        "search of the question finds (`outside_tasks`), instead of eval-split leftovers",
+    )
+    ap.add_argument(
+        "--answer-top-k",
+        type=int,
+        default=5,
+        help="--questions: keep a question when its answer is in this many top passages",
+    )
     ap.add_argument("--recipe", default=str(RECIPE))
     ap.add_argument("overrides", nargs="*", help="section.field=value")
     args = ap.parse_args()
-    # --splits takes several names, so overrides written after it land there: move them.
-    args.overrides += [s for s in args.splits if "=" in s]
-    args.splits = [s for s in args.splits if "=" not in s]
+    # --splits and --questions take several values, so overrides written after them land
+    # there: move them.
+    for name in ("splits", "questions"):
+        given = getattr(args, name) or []
+        args.overrides += [s for s in given if "=" in s]
+        setattr(args, name, [s for s in given if "=" not in s])
+    if args.train_pool is not None and args.questions:
+        ap.error("--train-pool and --questions choose the questions two ways: give one")
     models = [m.split("=", 1) for m in args.model]
     rag = [m.split("=", 1) for m in args.naive_rag]
     if any(len(m) != 2 or not m[0] for m in models + rag):
@@ -219,7 +307,9 @@ def main() -> None:
     from agentr1.trainer.setup import build_setup
 
     base = load_config(args.recipe, args.overrides)
-    if args.train_pool is None:
+    if args.questions:
+        tasks, note = outside_tasks(base, args.questions, args.take, args.skip, args.answer_top_k)
+    elif args.train_pool is None:
         tasks, note = fresh_tasks(base, args.take, args.splits, args.skip)
     else:
         for _, path in models:

@@ -19,9 +19,10 @@ from .benchmark_scripts import benchmark
 from .test_qa_env import ircot_record, tiny_qa_recipe, write_jsonl
 
 fresh_eval = benchmark("fresh_eval")
-check_draws, fresh_tasks, untrained_tasks = (
+check_draws, fresh_tasks, outside_tasks, untrained_tasks = (
     fresh_eval.check_draws,
     fresh_eval.fresh_tasks,
+    fresh_eval.outside_tasks,
     fresh_eval.untrained_tasks,
 )
 
@@ -100,6 +101,53 @@ def test_skip_continues_where_an_earlier_retest_stopped(tmp_path: Path) -> None:
     )
     with pytest.raises(ValueError, match="--skip at least 0"):
         fresh_tasks(cfg, 5, ["dev"], skip=-1)
+
+
+def test_outside_questions_are_in_no_recipe_file_and_answerable_by_a_search(
+    tmp_path: Path,
+) -> None:
+    dev = write_jsonl(tmp_path / "dev.jsonl", [ircot_record(i) for i in range(10)])
+    train = write_jsonl(tmp_path / "train.jsonl", [ircot_record(i) for i in range(20, 30)])
+    # n_eval 2: dev questions 2-9 are in no split, but in a recipe file: never outside.
+    qa = QAConfig(train=[train], eval={"dev": [dev]}, n_eval=2, retriever="bm25", data_dir="/")
+    cfg = Config(task=TaskConfig(kind="qa", qa=qa))
+    records = [
+        {"idx": 0, "question": "Where was PERSON 5 born", "answer": "town 5"},  # dev file
+        {"idx": 1, "question": "Where was person 25 born?", "answer": "town 25"},  # train
+        {"idx": 2, "question": "Which town was person 7 born in?", "answer": "born in town 7"},
+        {
+            "idx": 3,
+            "question": "Which town was person 23 born in?",
+            "answer": ["Paris", "born in town 23"],
+        },
+        {"idx": 4, "question": "Which town was person 8 born in?", "answer": "Oslo"},  # not found
+        {"idx": 5, "question": "Which town was person 7 born in", "answer": "town 7"},  # repeat
+    ]
+    outside = write_jsonl(tmp_path / "hotpot_questions.jsonl", records)
+    more = write_jsonl(
+        tmp_path / "2wiki_questions.jsonl",
+        [{"idx": 0, "question": "What poet was person 9?", "answer": "person 9"}],
+    )
+    tasks, note = outside_tasks(cfg, [outside, more], take=10)
+    assert sorted(tasks) == ["q_2wikimultihopqa", "q_hotpotqa"]
+    ids = {t.id for ts in tasks.values() for t in ts}
+    assert ids == {"hotpot_questions:2", "hotpot_questions:3", "2wiki_questions:0"}
+    assert note == (
+        "outside questions: 7 in 2 file(s), 6 distinct, 4 in no recipe file, 3 with an answer "
+        "in the top 5 passages for the question; taking 3; q_2wikimultihopqa: 1; q_hotpotqa: 2"
+    )
+    # Passages clipped to one word, as the search tool would show them: only an answer in
+    # a title ("Person 9") is still found; "born in town 7" was in a passage's text.
+    clipped = Config(task=TaskConfig(kind="qa", qa=qa, passage_words=1))
+    tasks, _ = outside_tasks(clipped, [outside, more], take=10)
+    assert {t.id for ts in tasks.values() for t in ts} == {"2wiki_questions:0"}
+    # skip / take walk one seeded order.
+    first, _ = outside_tasks(cfg, [outside, more], take=1)
+    rest, note = outside_tasks(cfg, [outside, more], take=5, skip=1)
+    got = [t.id for ts in (*first.values(), *rest.values()) for t in ts]
+    assert sorted(got) == sorted(ids) and "after skipping the first 1" in note
+    with pytest.raises(ValueError, match="--answer-top-k must be positive"):
+        outside_tasks(cfg, [outside], take=1, answer_top_k=0)
 
 
 def pool_config(tmp_path: Path, demos: int = 10, seed: int = 3) -> Config:
@@ -197,3 +245,29 @@ def test_the_script_tables_models_and_naive_rag_on_the_training_pool(
     monkeypatch.setattr(sys, "argv", [*argv, "--naive-rag", f"a={model}"])
     with pytest.raises(SystemExit):
         fresh_eval.main()  # two rows named a
+
+
+def test_the_script_tests_on_outside_questions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, recipe = tiny_qa_recipe(tmp_path, 6, tokens_per_turn=4)
+    outside = write_jsonl(
+        tmp_path / "hotpot_outside.jsonl",
+        [
+            {"idx": 0, "question": "Which town was person 3 born in?", "answer": "town 3"},
+            {"idx": 1, "question": "Where was person 4 born?", "answer": "town 4"},  # recipe's
+            {"idx": 2, "question": "Which town was person 5 born in?", "answer": "Oslo"},
+        ],
+    )
+    out = tmp_path / "out"
+    argv = ["fresh_eval.py", "--out", str(out), "--recipe", str(recipe), "--model", f"a={model}"]
+    # An override after the files is still an override, not a file.
+    monkeypatch.setattr(sys, "argv", [*argv, "--questions", outside, "task.top_k=2"])
+    fresh_eval.main()
+    (line,) = (out / "a.jsonl").read_text().splitlines()
+    assert json.loads(line)["split"] == "q_hotpotqa"
+    assert json.loads(line)["task_id"] == "hotpot_outside:0"
+    assert (out / "fresh.md").read_text().startswith("Fresh questions (outside questions: 3 in")
+    monkeypatch.setattr(sys, "argv", [*argv, "--questions", outside, "--train-pool", "0"])
+    with pytest.raises(SystemExit):
+        fresh_eval.main()  # two ways of choosing the questions
