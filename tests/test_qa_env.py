@@ -3,6 +3,7 @@ chat, fake retriever), its answer rule when retrieval fails, and disjoint data s
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -275,6 +276,9 @@ def test_build_setup_for_qa_runs_demonstrations_through_the_real_stack(tmp_path:
     assert len(setup.tasks["train"]) == 4
     ((tasks, make_env, gen),) = setup.demo_sources(0.6, 0, True)
     assert tasks is setup.tasks["train"]
+    # Without its demo_fn a setup with no world has nothing to imitate: said, not a crash.
+    with pytest.raises(ValueError, match="no demonstrations to imitate"):
+        dataclasses.replace(setup, demo_fn=None).demo_sources(0.6, 0, True)
     env = make_env()
     assert env.system_prompt == QA_SYSTEM_PROMPT
     groups = run_rollout(

@@ -69,7 +69,13 @@ class Setup:
         if self.demo_fn is not None:
             return self.demo_fn(early_answer_prob, seed, notes)
         out = []
-        own = [self.world] if self.cfg.sft.own_world_demos or not self.demo_worlds else []
+        wants_own = self.cfg.sft.own_world_demos or not self.demo_worlds
+        own = [self.world] if wants_own and self.world is not None else []
+        if not own and not self.demo_worlds:
+            raise ValueError(
+                "sft.enabled: this setup has no demonstrations to imitate (no world, no "
+                "demo worlds and no demo_fn); set sft.enabled=false or give it a source"
+            )
         for w in [*own, *self.demo_worlds]:
             env = self.make_env if w is self.world else dataclasses.replace(self.make_env, world=w)
             out.append(
