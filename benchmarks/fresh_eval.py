@@ -109,7 +109,6 @@ def untrained_tasks(
     order whatever S, so excluding the first ``rl_draws`` covers every run that drew no
     more. The pool is taken in the seeded order (`seeded_rank`): ``skip`` drops its first
     questions, ``take`` caps the rest, so later re-tests can continue where one stopped."""
-    from agentr1.data import seeded_rank
     from agentr1.trainer.loop import TaskSampler, demo_picks
     from agentr1.trainer.qa_setup import load_qa_data
 
@@ -123,21 +122,34 @@ def untrained_tasks(
     demos = demo_picks([train], cfg.sft.demos, cfg.train.seed)[0] if cfg.sft.enabled else []
     drawn = TaskSampler(train, cfg.train.seed).sample(rl_draws) if train else []
     used = {t.id for t in [*demos, *drawn]}
-    pool = sorted(
-        (t for t in train if t.id not in used), key=lambda t: seeded_rank(qa.split_seed, t.id)
-    )
-    picked = pool[skip : skip + take]
-    out: dict[str, list[Task]] = {}
-    for t in picked:
-        out.setdefault(f"pool_{t.metadata.get('dataset', 'qa')}", []).append(t)
+    pool = [t for t in train if t.id not in used]
+    out, taken = take_by_dataset(pool, "pool_", qa.split_seed, take, skip)
     note = (
         f"training pool: {len(pool)} of {len(train)} questions untrained on (minus "
         f"{len({t.id for t in demos})} demonstrated and {len({t.id for t in drawn})} drawn by "
-        f"the first {rl_draws} RL draws); taking {len(picked)}"
+        f"the first {rl_draws} RL draws); {taken}"
+    )
+    return out, note
+
+
+def take_by_dataset(
+    tasks: list[Task], prefix: str, seed: int, take: int, skip: int
+) -> tuple[dict[str, list[Task]], str]:
+    """``tasks`` in the seeded order (`seeded_rank`), the first ``skip`` dropped and at
+    most ``take`` kept, grouped as ``<prefix><dataset>``; and the note's words for it
+    ("taking N[ after skipping the first S]; <group>: n; ...")."""
+    from agentr1.data import seeded_rank
+
+    picked = sorted(tasks, key=lambda t: seeded_rank(seed, t.id))[skip : skip + take]
+    out: dict[str, list[Task]] = {}
+    for t in picked:
+        out.setdefault(f"{prefix}{t.metadata.get('dataset', 'qa')}", []).append(t)
+    words = (
+        f"taking {len(picked)}"
         + (f" after skipping the first {skip}" if skip else "")
         + "".join(f"; {name}: {len(ts)}" for name, ts in sorted(out.items()))
     )
-    return out, note
+    return out, words
 
 
 def outside_tasks(
@@ -159,7 +171,7 @@ def outside_tasks(
     normalized question is in any train or eval file of the recipe (all of each file, not
     only the sampled splits), filtered, then taken in the seeded order (`seeded_rank`,
     ``task.qa.split_seed``): ``skip`` drops the first, ``take`` caps the rest."""
-    from agentr1.data import dedupe, load_file, normalize_question, seeded_rank
+    from agentr1.data import dedupe, load_file, normalize_question
     from agentr1.envs.qa_env import retriever_from_spec
     from agentr1.rewards.qa import cover_exact_match
     from agentr1.tools.search import clip_words
@@ -195,17 +207,11 @@ def outside_tasks(
             " ".join(f"{p.title} {clip_words(p.text, words)}" for p in top), list(s.answers)
         )
     ]
-    kept.sort(key=lambda s: seeded_rank(qa.split_seed, s.id))
-    picked = kept[skip : skip + take]
-    out: dict[str, list[Task]] = {}
-    for s in picked:
-        out.setdefault(f"q_{s.dataset}", []).append(s.to_task())
+    out, taken = take_by_dataset([s.to_task() for s in kept], "q_", qa.split_seed, take, skip)
     note = (
         f"outside questions: {len(read)} in {len(paths)} file(s), {len(samples)} distinct, "
-        f"{len(new)} in no recipe file, {len(kept)} with an answer in the top {answer_top_k} passages for the question; "
-        f"taking {len(picked)}"
-        + (f" after skipping the first {skip}" if skip else "")
-        + "".join(f"; {name}: {len(ts)}" for name, ts in sorted(out.items()))
+        f"{len(new)} in no recipe file, {len(kept)} with an answer in the top "
+        f"{answer_top_k} passages for the question; {taken}"
     )
     return out, note
 
