@@ -27,6 +27,15 @@ more is refused). The recipe's pool holds 1,092 questions; 400 demonstrated and 
         --model grpo=runs/multihop_real2L/grpo/final_model \\
         --train-pool 200 --take 1000 task.qa.data_dir=../shared/data/raw
 
+When the recipe's files are used up, ``--questions FILE...`` tests on questions of other
+files (question-only ones too) that no recipe file holds and whose answer a search of the
+question finds (`outside_tasks`; a rule that looks at no model):
+
+    PYTHONPATH=. .venv/bin/python benchmarks/fresh_eval.py --out runs/multihop_real2W/outside \\
+        --questions train_mixed/r1searcher_train_stage2_8148.jsonl --take 1000 \\
+        --model warm=runs/multihop_real2/warm_start/final_model \\
+        --model grpo45=runs/multihop_real2W/grpo/final_model task.qa.data_dir=../shared/data/raw
+
 Writes ``OUT/<name>.jsonl`` (one record per question, `agentr1.eval.compare` reads them)
 and ``OUT/fresh.md`` (per split and overall: EM, F1 and the paired lines). A model whose
 records exist is not evaluated again.
