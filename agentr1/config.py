@@ -265,6 +265,11 @@ class AlgoConfig:
     it the demo's policy collapsed to `no_tool_call` after ~60 steps, benchmarks/RESULTS.md)."""
     kl_mode: Literal["k1_reward", "k3_loss"] = "k3_loss"
     """k1 folded into token rewards, or k3 as a loss term."""
+    k3_linear_above: float | None = 3.0
+    """k3_loss: past this log-ratio d = log(pi_ref / pi) of a token, k3 = e^d - d - 1
+    continues as its tangent line, so one token the policy has moved far below the
+    reference pulls with a gradient of at most e^d - 1 (~19 at 3), not up to e^20
+    (`agentr1.algorithms.kl_penalty`; ``kl_tail_frac`` logs how often). None = exact k3."""
     entropy_coef: float = 0.0
     """Entropy bonus weight."""
     value_clip: float | None = 0.2
@@ -382,6 +387,8 @@ class Config:
             errors.append("algo.gamma and algo.lam must be in [0, 1]: they are discounts")
         if a.kl_coef < 0 or a.entropy_coef < 0:
             errors.append("algo.kl_coef and algo.entropy_coef must be >= 0")
+        if a.k3_linear_above is not None and not a.k3_linear_above > 0:
+            errors.append(f"algo.k3_linear_above={a.k3_linear_above} must be > 0 or null")
         if o.lr <= 0 or o.lr > 1:
             errors.append(f"optim.lr={o.lr}: must be in (0, 1]; larger steps destroy the model")
         if o.ppo_epochs < 1 or o.minibatches < 1 or o.micro_batch_size < 1:

@@ -243,6 +243,33 @@ def test_kl_loss_k3_hand_value_and_gradient() -> None:
     close(logp_BT.grad, [[0.3934693 / 2, -1.7182818 / 2, 0.0]])
 
 
+def test_k3_past_the_threshold_is_its_tangent_so_one_token_cannot_dominate() -> None:
+    c = 3.0
+    # d = ref - logp: below c, at c, just past it, far past it, negative, masked garbage
+    logp_BT = f32([[-1.0, -4.0, -4.5, -12.0, -0.5, float("nan")]]).requires_grad_(True)
+    ref_BT = f32([[-0.5, -1.0, -1.0, -1.0, -2.0, 0.0]])
+    mask_BT = f32([[1, 1, 1, 1, 1, 0]])
+    exact = kl_penalty(logp_BT, ref_BT, "k3", mask_BT)
+    kl = kl_penalty(logp_BT, ref_BT, "k3", mask_BT, k3_linear_above=c)
+    k3_c, slope = math.exp(c) - c - 1, math.exp(c) - 1  # 16.0855, 19.0855
+    # d <= c: exactly k3; d > c: k3(c) + slope * (d - c), far below exp(d) at d = 11
+    close(kl[:, [0, 1, 4, 5]], exact[:, [0, 1, 4, 5]].tolist())
+    close(kl[0, 2], k3_c + slope * 0.5)
+    close(kl[0, 3], k3_c + slope * 8.0)
+    assert exact[0, 3].item() > 5e4 and kl[0, 3].item() < 200
+    kl.sum().backward()
+    assert logp_BT.grad is not None
+    # d/dlogp = -(dk3/dd): 1 - e^d up to c, then the constant -(e^c - 1)
+    grads = [1 - math.exp(0.5), 1 - math.exp(3.0), -slope, -slope, 1 - math.exp(-1.5), 0]
+    close(logp_BT.grad, [grads])
+    # the loss path takes it too; a threshold past the +-20 clamp is the exact estimator
+    close(kl_loss(logp_BT, ref_BT, mask_BT, k3_linear_above=c), kl.sum().item() / 5)
+    close(kl_penalty(logp_BT, ref_BT, "k3", mask_BT, k3_linear_above=25.0), exact.tolist())
+    for bad in (0.0, -1.0, math.nan):
+        with pytest.raises(ValueError, match="k3_linear_above"):
+            kl_penalty(logp_BT, ref_BT, "k3", mask_BT, k3_linear_above=bad)
+
+
 def test_apply_kl_to_rewards_only_on_masked_tokens() -> None:
     rewards_BT = f32([[0, 0, 1.0]])
     kl_BT = f32([[0.5, -1.0, 0.2]]).requires_grad_(True)

@@ -203,6 +203,32 @@ def test_non_finite_update_is_skipped_and_weights_unchanged() -> None:
         assert torch.equal(a, b)
 
 
+def test_one_token_far_below_the_reference_does_not_dominate_the_kl_update() -> None:
+    metrics = {}
+    for above in (None, 3.0):
+        model = tiny_llama()
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        ub = make_update_batch(model)
+        ub.advantages_BT.zero_()  # only the KL term pulls
+        ub.ref_logprobs_BT = ub.old_logprobs_BT.clone()
+        ub.ref_logprobs_BT[0, 4] += 10.0  # the reference finds it e^10 times likelier
+        algo = AlgoConfig(kl_coef=1.0, k3_linear_above=above)
+        metrics[above] = rl_update(
+            model, opt, None, ub, algo, OptimConfig(), 1.0, torch.Generator().manual_seed(0)
+        )
+    n_tokens = float(make_update_batch(tiny_llama()).loss_mask_BT.sum())
+    exact, bounded = metrics[None], metrics[3.0]
+    close = pytest.approx
+    assert exact["kl"] == close((math.exp(10) - 11) / n_tokens, rel=1e-3)
+    assert bounded["kl"] == close((math.exp(3) - 4 + (math.exp(3) - 1) * 7) / n_tokens, rel=1e-3)
+    assert bounded["kl_tail_frac"] == close(1 / n_tokens)
+    assert "kl_tail_frac" not in exact
+    # the gradient of that one token shrinks from e^10 - 1 to e^3 - 1
+    assert bounded["grad_norm"] == close(
+        exact["grad_norm"] * (math.exp(3) - 1) / (math.exp(10) - 1), rel=1e-2
+    )
+
+
 def test_values_at_mask_zero_do_not_change_the_update() -> None:
     outs = []
     for poison in (False, True):

@@ -16,6 +16,7 @@ full-batch gradient, scale each micro-batch loss by
 
 from __future__ import annotations
 
+import math
 from typing import Literal, get_args
 
 import torch
@@ -213,6 +214,7 @@ def kl_penalty(
     ref_logprobs_BT: torch.Tensor,
     kind: KLKind = "k3",
     mask_BT: torch.Tensor | None = None,
+    k3_linear_above: float | None = None,
 ) -> torch.Tensor:
     """Per-token estimate of KL(pi || pi_ref) on tokens sampled from pi (Schulman 2020,
     "Approximating KL divergence"). With d = ref_logp - logp:
@@ -225,11 +227,20 @@ def kl_penalty(
     (`kl_loss`). d is clamped to +-20 (k3's exp would overflow). With ``mask_BT`` the
     result is 0 at mask 0, with no arithmetic on the values there.
 
+    k3 grows like exp(d) where the reference is much likelier than the policy, and so does
+    its gradient (1 - exp(d) w.r.t. logp): one such token can outweigh a whole batch. With
+    ``k3_linear_above = c``, k3 past d = c follows its tangent at c (value and slope
+    continuous, still convex): the pull back toward the reference keeps its direction but
+    a token's gradient is at most exp(c) - 1. The usual alternative, clamping k3's value
+    (verl clamps it to 10), gives those tokens no gradient at all.
+
     Returns:
         kl_BT, differentiable w.r.t. ``logprobs_BT``. [B, T]
     """
     if kind not in KL_KINDS:
         raise ValueError(f"unknown KL kind {kind!r}; valid: {', '.join(KL_KINDS)}")
+    if k3_linear_above is not None and not k3_linear_above > 0:
+        raise ValueError(f"k3_linear_above={k3_linear_above} must be > 0 or None")
     d_BT = ref_logprobs_BT.detach() - logprobs_BT
     if mask_BT is not None:
         d_BT = _on_mask(d_BT, mask_BT)
@@ -238,7 +249,12 @@ def kl_penalty(
         return -d_BT
     if kind == "k2":
         return 0.5 * d_BT**2
-    return torch.expm1(d_BT) - d_BT  # exp(d) - 1 - d, accurate for small d
+    if k3_linear_above is None or k3_linear_above >= _LOG_RATIO_LIMIT:
+        return torch.expm1(d_BT) - d_BT  # exp(d) - 1 - d, accurate for small d
+    c = k3_linear_above
+    inner_BT = torch.expm1(d_BT.clamp(max=c)) - d_BT.clamp(max=c)
+    slope = math.expm1(c)  # d k3 / d d at c
+    return torch.where(d_BT > c, inner_BT + slope * (d_BT - c), inner_BT)
 
 
 def apply_kl_to_rewards(
@@ -273,11 +289,15 @@ def kl_loss(
     mask_BT: torch.Tensor,
     kind: KLKind = "k3",
     agg_mode: AggMode = "token-mean",
+    k3_linear_above: float | None = None,
 ) -> torch.Tensor:
-    """KL to the reference as a loss term (GRPO style): the aggregate of `kl_penalty`.
-    Multiply by the KL coefficient and add to the policy loss. Scalar."""
+    """KL to the reference as a loss term (GRPO style): the aggregate of `kl_penalty`
+    (``k3_linear_above``: see there). Multiply by the KL coefficient and add to the policy
+    loss. Scalar."""
     return masked_aggregate(
-        kl_penalty(logprobs_BT, ref_logprobs_BT, kind, mask_BT), mask_BT, agg_mode
+        kl_penalty(logprobs_BT, ref_logprobs_BT, kind, mask_BT, k3_linear_above),
+        mask_BT,
+        agg_mode,
     )
 
 

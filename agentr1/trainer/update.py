@@ -68,6 +68,14 @@ def _finite_grads(params: list[torch.nn.Parameter]) -> bool:
     return all(p.grad is None or bool(torch.isfinite(p.grad).all()) for p in params)
 
 
+def _tail_frac(lp_BT: torch.Tensor, mc: UpdateBatch, above: float) -> float:
+    """Share of loss tokens whose log(pi_ref / pi) exceeds ``above`` (k3's linear tail)."""
+    assert mc.ref_logprobs_BT is not None
+    mask_BT = mc.loss_mask_BT > 0
+    tail_BT = (mc.ref_logprobs_BT - lp_BT.detach()) > above
+    return float((tail_BT & mask_BT).sum() / mask_BT.sum().clamp(min=1))
+
+
 def rl_update(
     policy: Any,
     optimizer: torch.optim.Optimizer,
@@ -152,10 +160,17 @@ def rl_update(
                             and mc.ref_logprobs_BT is not None
                         ):
                             kl = kl_loss(
-                                lp_BT, mc.ref_logprobs_BT, mc.loss_mask_BT, "k3", algo.agg_mode
+                                lp_BT,
+                                mc.ref_logprobs_BT,
+                                mc.loss_mask_BT,
+                                "k3",
+                                algo.agg_mode,
+                                algo.k3_linear_above,
                             )
                             loss = loss + algo.kl_coef * kl
                             add("kl", kl.item())
+                            if algo.k3_linear_above is not None:
+                                add("kl_tail_frac", _tail_frac(lp_BT, mc, algo.k3_linear_above))
                         add("policy_loss", pl.item())
                         add("entropy", ent.item())
                         for k, v in pm.items():
