@@ -356,3 +356,26 @@ def test_sft_context_loss_trains_the_context_and_reports_agent_loss_only() -> No
     )
     assert context_nll(with_ctx) < 0.5 * before
     assert context_nll(with_ctx) < 0.5 * context_nll(plain)
+
+
+def test_rollout_metrics_count_groups_whose_rewards_tie() -> None:
+    from agentr1.rollout.loop import RolloutStats
+    from agentr1.trainer.loop import rollout_metrics
+    from agentr1.types import Task, TrajectoryGroup, Turn
+
+    def traj(outcome: float, process: float) -> Trajectory:
+        return Trajectory("t", outcome_reward=outcome, turns=[Turn(0, 1, 1, reward=process)])
+
+    def group(*rewards: tuple[float, float]) -> TrajectoryGroup:
+        return TrajectoryGroup(Task("t", "q", ["a"]), [traj(o, p) for o, p in rewards])
+
+    groups = [
+        group((0.0, 0.1), (0.0, 0.1)),  # everything ties: no gradient
+        group((0.0, 0.2), (0.0, 0.1)),  # outcomes tie: only the process reward moves it
+        group((1.0, 0.1), (0.0, 0.1)),  # an answer difference
+        group((0.5, 0.0)),  # a group of one is no group
+    ]
+    m = rollout_metrics(groups, RolloutStats())
+    assert m["groups_tied"] == pytest.approx(1 / 3)
+    assert m["groups_outcome_tied"] == pytest.approx(2 / 3)
+    assert "groups_tied" not in rollout_metrics(groups[3:], RolloutStats())

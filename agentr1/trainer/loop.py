@@ -239,6 +239,14 @@ def rollout_metrics(groups: list[Any], stats: RolloutStats) -> dict[str, float]:
     stops = Counter(str(t.stop_reason) for t in trajs)
     for reason, count in stops.items():
         m[f"stop/{reason}"] = count / n
+    multi = [g for g in groups if len(g.trajectories) > 1]
+    if multi:
+        # Groups whose samples all got the same reward carry no GRPO / RLOO gradient; groups
+        # whose outcomes tie are moved by the process rewards alone.
+        m["groups_tied"] = sum(max(g.rewards) - min(g.rewards) < 1e-9 for g in multi) / len(multi)
+        m["groups_outcome_tied"] = sum(
+            len({round(t.outcome_reward, 9) for t in g.trajectories}) == 1 for g in multi
+        ) / len(multi)
     return m
 
 
