@@ -180,11 +180,11 @@ def outside_tasks(
     normalized question is in any train or eval file of the recipe (all of each file, not
     only the sampled splits), filtered, then taken in the seeded order (`seeded_rank`,
     ``task.qa.split_seed``): ``skip`` drops the first, ``take`` caps the rest."""
-    from agentr1.data import dedupe, load_file, normalize_question
+    from agentr1.data import dedupe, normalize_question
     from agentr1.envs.qa_env import retriever_from_spec
     from agentr1.rewards.qa import cover_exact_match
     from agentr1.tools.search import clip_words
-    from agentr1.trainer.qa_setup import data_root, load_qa_data, resolve_entry
+    from agentr1.trainer.qa_setup import Loader, data_root, load_qa_data, resolve_entry
 
     if skip < 0 or take <= 0 or answer_top_k <= 0:
         raise ValueError(
@@ -192,14 +192,15 @@ def outside_tasks(
             f"(got {take}, {answer_top_k}, {skip})"
         )
     qa = cfg.task.qa
-    data = load_qa_data(qa)
+    load = Loader()
+    data = load_qa_data(qa, load)
     # Every question of every recipe file, not only those its splits sampled.
-    recipe = [s for p in {p for ps in data.files.values() for p in ps} for s in load_file(p)]
+    recipe = [s for p in {p for ps in data.files.values() for p in ps} for s in load(p)]
     seen_ids = {s.id for s in recipe}
     seen_questions = {normalize_question(s.question) for s in recipe}
     root = data_root(qa)
     paths = [p for f in files for p in resolve_entry(f, root, "--questions")]
-    read = [s for p in paths for s in load_file(p)]
+    read = [s for p in paths for s in load(p)]
     samples = dedupe(read)
     new = [
         s

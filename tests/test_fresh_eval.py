@@ -150,6 +150,32 @@ def test_outside_questions_are_in_no_recipe_file_and_answerable_by_a_search(
         outside_tasks(cfg, [outside], take=1, answer_top_k=0)
 
 
+def test_outside_questions_read_each_file_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import agentr1.trainer.qa_setup as qa_setup
+
+    dev = write_jsonl(tmp_path / "dev.jsonl", [ircot_record(i) for i in range(10)])
+    train = write_jsonl(tmp_path / "train.jsonl", [ircot_record(i) for i in range(20, 30)])
+    outside = write_jsonl(
+        tmp_path / "hotpot_questions.jsonl",
+        [{"idx": 0, "question": "Which town was person 7 born in?", "answer": "town 7"}],
+    )
+    # the eval file serves as a training file too: still one read
+    qa = QAConfig(train=[train, dev], eval={"dev": [dev]}, n_eval=2, data_dir="/")
+    reads: list[str] = []
+    real = qa_setup.load_file
+
+    def counting(path: Path) -> Any:
+        reads.append(Path(path).name)
+        return real(path)
+
+    monkeypatch.setattr(qa_setup, "load_file", counting)
+    tasks, _ = outside_tasks(Config(task=TaskConfig(kind="qa", qa=qa)), [outside], take=5)
+    assert sorted(reads) == ["dev.jsonl", "hotpot_questions.jsonl", "train.jsonl"]
+    assert [t.id for ts in tasks.values() for t in ts] == ["hotpot_questions:0"]
+
+
 def pool_config(tmp_path: Path, demos: int = 10, seed: int = 3) -> Config:
     dev = write_jsonl(tmp_path / "dev.jsonl", [ircot_record(i) for i in range(5)])
     # 40 training questions; id 100's question rewords dev question 2.

@@ -122,15 +122,16 @@ def wiki_files(root: Path) -> list[Path]:
     return sorted(p for p in (root / "wikipedia").glob("*.json*") if p.is_file())
 
 
-def load_qa_data(qa: QAConfig) -> QAData:
-    """Questions per split and the corpus, by the rules in the module docstring.
+def load_qa_data(qa: QAConfig, load: Loader | None = None) -> QAData:
+    """Questions per split and the corpus, by the rules in the module docstring. ``load``
+    keeps what it read for the caller (files the caller reads again are not parsed twice).
 
     Raises:
         FileNotFoundError: an entry that names no file (see `resolve_entry`).
         agentr1.data.DataFormatError: a malformed file (names the file and record).
     """
     root = data_root(qa)
-    load = Loader()
+    load = load or Loader()
     files: dict[str, list[Path]] = {}
     tasks: dict[str, list[Task]] = {}
     held_out: set[str] = set()
