@@ -57,6 +57,10 @@ class LoRAConfig:
     """Scale numerator: the update is (alpha / rank) B A."""
     targets: list[str] = field(default_factory=lambda: list(DEFAULT_LORA_TARGETS))
     """Last name parts of the linear layers to adapt (Llama / Qwen projections)."""
+    share_input: bool = True
+    """Adapters of q/k/v (and of gate/up) compute ``x A^T`` as one product, reading their
+    common input once: the same function and gradients, less memory traffic (an ablation
+    switch; benchmarks/lora_update.py measures both)."""
 
 
 @dataclass(frozen=True)

@@ -17,12 +17,19 @@ output by a forward hook. Hence:
   warm start, so the RL reference — the base — is the warm start);
 - `unload` folds them in and removes them: a plain model again.
 
-Notation: r = rank, I = in features, O = out features.
+Sibling projections that read the same input (q/k/v of an attention block, gate/up of an
+MLP: `SHARED_INPUT`) share one ``x [A_q; A_k; A_v]^T`` product: the input is read (and cast
+by autocast) once instead of once per adapter, in the forward and in the backward. The
+adapters stay separate parameters and compute exactly what they would alone; only the
+memory traffic changes (benchmarks/RESULTS.md, LoRA section).
+
+Notation: r = rank, I = in features, O = out features, N = tokens.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -43,12 +50,82 @@ def _flags(m: nn.Module) -> dict[str, Any]:
     return m.__dict__
 
 
+SHARED_INPUT: tuple[tuple[str, ...], ...] = (
+    ("q_proj", "k_proj", "v_proj"),
+    ("gate_proj", "up_proj"),
+)
+"""Last name parts of sibling linear layers (same parent module) that Llama / Qwen blocks
+call on the same input tensor."""
+
+
+class _SharedInput:
+    """Adapters of sibling layers that read one input: the first of them to run computes
+    ``x A^T`` for all (their A's stacked), the others take their slice of it.
+
+    The product is reused only for the very tensor it was computed from (identity, not
+    equality), with the same A's (their in-place version counters: an optimizer step in
+    between starts a new product) in the same grad / autocast mode. So a model that does
+    not feed the siblings one input gets the right answer, only without the saving. The
+    product is dropped as soon as every member has taken its slice."""
+
+    def __init__(self, mods: list[nn.Linear]) -> None:
+        self.mods = mods
+        self._x: torch.Tensor | None = None
+        self._key: tuple[Any, ...] = ()
+        self._z: torch.Tensor | None = None
+        self._taken: set[int] = set()
+
+    def project(self, m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """``x A_m^T`` for member ``m``. [..., r]"""
+        a: list[torch.Tensor] = [_a_b(k)[0] for k in self.mods]
+        key = (
+            tuple(t._version for t in a),
+            torch.is_grad_enabled(),
+            torch.is_autocast_enabled(x.device.type),
+        )
+        if self._z is None or self._x is not x or self._key != key:
+            self._x, self._key, self._taken = x, key, set()
+            self._z = nn.functional.linear(x, torch.cat(a))
+        self._taken.add(id(m))
+        i = next(j for j, k in enumerate(self.mods) if k is m)
+        r = a[i].shape[0]
+        z = self._z[..., i * r : (i + 1) * r]
+        if len(self._taken) == len(self.mods):
+            self._x = self._z = None
+        return z
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _SharedInput:
+        # A copied model (PPO's critic) gets its own group over its own modules, no cache.
+        return _SharedInput([copy.deepcopy(m, memo) for m in self.mods])
+
+
 def _lora_forward(module: nn.Module, args: tuple[Any, ...], out: torch.Tensor) -> torch.Tensor:
-    if not _flags(module)["lora_enabled"]:
+    flags = _flags(module)
+    if not flags["lora_enabled"]:
         return out
     a_RI, b_OR = _a_b(module)
-    scale: float = _flags(module)["lora_scale"]
-    return out + nn.functional.linear(nn.functional.linear(args[0], a_RI), b_OR) * scale
+    group: _SharedInput | None = flags["lora_group"]
+    z = nn.functional.linear(args[0], a_RI) if group is None else group.project(module, args[0])
+    scale: float = flags["lora_scale"]
+    return out + nn.functional.linear(z, b_OR) * scale
+
+
+def _share_inputs(model: nn.Module, chosen: list[str], linear: dict[str, nn.Linear]) -> int:
+    """Group the adapted siblings of `SHARED_INPUT`; returns the number of groups."""
+    by_parent: dict[tuple[str, tuple[str, ...]], list[nn.Linear]] = {}
+    for n in chosen:
+        parent, _, last = n.rpartition(".")
+        for names in SHARED_INPUT:
+            if last in names:
+                by_parent.setdefault((parent, names), []).append(linear[n])
+    groups = 0
+    for mods in by_parent.values():
+        if len(mods) > 1:
+            group = _SharedInput(mods)
+            for m in mods:
+                _flags(m)["lora_group"] = group
+            groups += 1
+    return groups
 
 
 def lora_modules(model: nn.Module) -> list[tuple[str, nn.Linear]]:
@@ -61,10 +138,15 @@ def lora_modules(model: nn.Module) -> list[tuple[str, nn.Linear]]:
 
 
 def apply_lora(
-    model: nn.Module, rank: int, alpha: float, targets: Sequence[str] = DEFAULT_TARGETS
+    model: nn.Module,
+    rank: int,
+    alpha: float,
+    targets: Sequence[str] = DEFAULT_TARGETS,
+    share_input: bool = True,
 ) -> list[str]:
     """Add rank-``rank`` adapters to every linear layer whose last name part is in
     ``targets``, freeze every other parameter of ``model``; returns the adapted names.
+    ``share_input``: siblings of `SHARED_INPUT` compute their ``x A^T`` as one product.
 
     Raises:
         ValueError: a bad rank or alpha, a model that has adapters already, targets that
@@ -102,8 +184,10 @@ def apply_lora(
         b_OR = torch.zeros(m.out_features, rank, dtype=w.dtype, device=w.device)
         m.register_parameter("lora_A", nn.Parameter(a_RI))
         m.register_parameter("lora_B", nn.Parameter(b_OR))
-        _flags(m).update(lora_scale=alpha / rank, lora_enabled=True)
+        _flags(m).update(lora_scale=alpha / rank, lora_enabled=True, lora_group=None)
         m.register_forward_hook(_lora_forward)
+    if share_input:
+        _share_inputs(model, chosen, linear)
     return chosen
 
 
@@ -152,7 +236,7 @@ def unload(model: nn.Module) -> int:
             if hook is _lora_forward:
                 del m._forward_hooks[key]
         del m._parameters["lora_A"], m._parameters["lora_B"]
-        del _flags(m)["lora_scale"], _flags(m)["lora_enabled"]
+        del _flags(m)["lora_scale"], _flags(m)["lora_enabled"], _flags(m)["lora_group"]
     return len(mods)
 
 

@@ -3,9 +3,11 @@
 One rollout of ``recipes/multihop_smollm2.yaml`` (one question x ``--samples`` from the SFT
 warm start) makes one batch; then full-weight and LoRA updates (`agentr1.trainer.update.
 rl_update`, the recipe's optimizer settings, each with its own AdamW) alternate on that
-same batch for ``--rounds`` rounds, after one untimed warm-up round each. Reports the
-median update time of each, their ratio, and what each keeps besides the weights
-(gradients and AdamW moments, in bytes).
+same batch for ``--rounds`` rounds, after one untimed warm-up round each. LoRA runs twice:
+as configured (q/k/v and gate/up adapters share one product of their input,
+``model.lora.share_input``) and with one product per adapter (``lora_unshared``, the same
+adapters). Reports the median update time of each, the ratios, and what each keeps
+besides the weights (gradients and AdamW moments, in bytes).
 
     .venv/bin/python benchmarks/lora_update.py --rounds 3 task.qa.data_dir=../shared/data/raw
 
@@ -81,12 +83,15 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     full = setup.policy
     adapted = copy.deepcopy(full)
     lora.apply_lora(adapted, args.rank, 2.0 * args.rank, cfg.model.lora.targets)
+    alone = copy.deepcopy(full)
+    lora.apply_lora(alone, args.rank, 2.0 * args.rank, cfg.model.lora.targets, False)
+    alone.load_state_dict(adapted.state_dict())  # the same adapters, one product each
     contenders = {}
-    for name, model in (("full", full), ("lora", adapted)):
+    for name, model in (("full", full), ("lora", adapted), ("lora_unshared", alone)):
         params = lora.trainable_parameters(model)
         opt = torch.optim.AdamW(params, lr=cfg.optim.lr, betas=(0.9, 0.99))
         contenders[name] = (model, opt, sum(p.numel() for p in params))
-    times: dict[str, list[float]] = {"full": [], "lora": []}
+    times: dict[str, list[float]] = {name: [] for name in contenders}
     gen = torch.Generator().manual_seed(0)
     for r in range(args.rounds + 1):  # round 0: warm-up, untimed
         for name, (model, opt, _) in contenders.items():
@@ -116,7 +121,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         rounds = ", ".join(f"{t:.1f}" for t in times[name])
         print(f"| {name} | {n:,} | {med:.1f} | {rounds} | {gib:.2f} GiB |")
     out["speedup"] = out["full"] / out["lora"]
-    print(f"LoRA rank {args.rank}: update {out['speedup']:.2f}x faster on the same batch")
+    out["share_gain"] = out["lora_unshared"] / out["lora"]
+    print(
+        f"LoRA rank {args.rank}: update {out['speedup']:.2f}x faster on the same batch "
+        f"({out['full'] / out['lora_unshared']:.2f}x without shared-input products: "
+        f"sharing {out['share_gain']:.2f}x)"
+    )
     return out
 
 

@@ -222,3 +222,84 @@ def test_a_killed_lora_run_resumes_exactly(tmp_path: Path) -> None:
     s_full = json.loads((tmp_path / "full" / "summary.json").read_text())
     s_part = json.loads((tmp_path / "part" / "summary.json").read_text())
     assert s_full["eval_after"] == s_part["eval_after"]
+
+
+def grads_after_backward(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    model.zero_grad(set_to_none=True)
+    model(input_ids=IDS).logits.logsumexp(-1).sum().backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_siblings_that_share_an_input_compute_exactly_what_separate_adapters_do() -> None:
+    base = tiny_llama(vocab_size=64, hidden=32, layers=2)
+    shared, alone = copy.deepcopy(base), copy.deepcopy(base)
+    lora.apply_lora(shared, rank=4, alpha=8)
+    lora.apply_lora(alone, rank=4, alpha=8, share_input=False)
+    alone.load_state_dict(shared.state_dict())  # the same A's
+    randomize_adapters(shared)
+    randomize_adapters(alone)
+    groups = {id(m.__dict__["lora_group"]) for _, m in lora.lora_modules(shared)}
+    assert len(groups - {id(None)}) == 2 * 2  # q/k/v and gate/up of each layer
+    assert all(m.__dict__["lora_group"] is None for _, m in lora.lora_modules(alone))
+    # the same arithmetic up to float rounding (one GEMM of 3r rows instead of three of r)
+    torch.testing.assert_close(logits(shared), logits(alone), atol=1e-4, rtol=1e-4)
+    g_shared, g_alone = grads_after_backward(shared), grads_after_backward(alone)
+    assert set(g_shared) == set(g_alone) and len(g_shared) == 2 * 14
+    for n in g_shared:
+        torch.testing.assert_close(g_shared[n], g_alone[n], atol=1e-4, rtol=1e-4, msg=n)
+    # no product is kept once every sibling took its slice
+    assert all(
+        g._z is None
+        for g in {m.__dict__["lora_group"] for _, m in lora.lora_modules(shared)} - {None}
+    )
+    # a copy (PPO's critic) shares nothing with the original
+    twin = copy.deepcopy(shared)
+    for (_, m), (_, t) in zip(lora.lora_modules(shared), lora.lora_modules(twin), strict=True):
+        if m.__dict__["lora_group"] is not None:
+            assert t in t.__dict__["lora_group"].mods and m not in t.__dict__["lora_group"].mods
+    torch.testing.assert_close(logits(twin), logits(shared))
+
+
+class Block(torch.nn.Module):
+    """Siblings named like q/k/v, called on other inputs and twice: not what Llama does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q_proj, self.k_proj, self.v_proj = (torch.nn.Linear(6, 5) for _ in range(3))
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.q_proj(x) + self.k_proj(y) * self.v_proj(x) - self.q_proj(x) * self.k_proj(y)
+
+
+def test_siblings_called_on_different_inputs_still_compute_their_own_adapters() -> None:
+    torch.manual_seed(0)
+    base = Block()
+    x, y = torch.randn(3, 6), torch.randn(3, 6)
+    models = []
+    for share in (True, False):
+        m = copy.deepcopy(base)
+        lora.apply_lora(m, 2, 2, targets=["q_proj", "k_proj", "v_proj"], share_input=share)
+        models.append(m)
+    models[1].load_state_dict(models[0].state_dict())
+    for m in models:
+        randomize_adapters(m)
+        with lora.adapters_disabled(m):
+            torch.testing.assert_close(m(x, y), base(x, y))
+    shared, alone = (m(x, y) for m in models)
+    assert not torch.allclose(shared, base(x, y), atol=1e-3)
+    torch.testing.assert_close(shared, alone, atol=1e-5, rtol=1e-5)
+
+
+def test_a_shared_product_is_not_reused_after_the_adapters_change() -> None:
+    torch.manual_seed(0)
+    block, x = Block(), torch.randn(3, 6)
+    lora.apply_lora(block, 2, 2, targets=["q_proj", "k_proj", "v_proj"])
+    randomize_adapters(block)
+    block.q_proj(x)  # k and v have not taken their slices: the product is still held
+    with torch.no_grad():
+        block.k_proj.lora_A.add_(1.0)  # what an optimizer step does
+    want = (
+        torch.nn.functional.linear(x, block.k_proj.weight, block.k_proj.bias)
+        + (x @ block.k_proj.lora_A.T @ block.k_proj.lora_B.T) * block.k_proj.__dict__["lora_scale"]
+    )
+    torch.testing.assert_close(block.k_proj(x), want)

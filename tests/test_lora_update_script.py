@@ -20,9 +20,10 @@ def test_the_script_times_both_updates_on_one_batch(
     out = lora_update.main([*args, "--rank", "4"])
     assert out["full"] > 0 and out["lora"] > 0
     assert out["speedup"] == pytest.approx(out["full"] / out["lora"])
+    assert out["share_gain"] == pytest.approx(out["lora_unshared"] / out["lora"])
     # LoRA keeps gradients and moments for the adapters only
     assert 0 < out["lora_state_gib"] < out["full_state_gib"] / 4
     assert 0 < out["agent_tokens"] < out["tokens"]
     text = capsys.readouterr().out
     rows = [line.split("|")[1].strip() for line in text.splitlines() if line.startswith("| ")]
-    assert rows[-2:] == ["full", "lora"] and "faster on the same batch" in text
+    assert rows[-3:] == ["full", "lora", "lora_unshared"] and "faster on the same batch" in text

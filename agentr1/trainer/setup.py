@@ -178,9 +178,8 @@ def load_policy(cfg: Config, path: str) -> tuple[Any, ChatFormat, Any, HFGenerat
         sampler.requires_grad_(False)
     if cfg.model.lora.rank:
         # After the sampler copy, which stays a plain model (synced merged).
-        names = lora.apply_lora(
-            policy, cfg.model.lora.rank, cfg.model.lora.alpha, cfg.model.lora.targets
-        )
+        lc = cfg.model.lora
+        names = lora.apply_lora(policy, lc.rank, lc.alpha, lc.targets, lc.share_input)
         n_train = sum(p.numel() for p in lora.trainable_parameters(policy))
         n_all = sum(p.numel() for p in policy.parameters())
         log.info(
