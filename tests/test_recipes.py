@@ -51,7 +51,12 @@ def test_smollm2_recipe_is_sized_for_cpu() -> None:
     assert cfg.model.path == "smollm2-135m-instruct" and cfg.model.chat_template == "qwen2.5"
     assert cfg.task.kind == "qa" and cfg.sft.enabled and cfg.algo.estimator == "grpo"
     assert (cfg.train.tasks_per_step, cfg.rollout.n_samples) == (6, 4)
-    assert cfg.rollout.temperature == 1.0 and cfg.train.steps == 20
+    assert cfg.rollout.temperature == 1.0 and cfg.train.steps == 28
+    # the tested setting (benchmarks/prereg/10_grpo_no_std.md): no std division, 4
+    # minibatches at lr 2e-5 after an 8-step warmup, a penalty for no answer
+    assert not cfg.algo.norm_by_std and cfg.task.process.no_answer == 0.2
+    o = cfg.optim
+    assert (o.minibatches, o.lr, o.warmup_steps, cfg.algo.kl_coef) == (4, 2e-5, 8, 0.001)
     # searching must pay (evidence shaping) and two searches must fit the context
     assert cfg.task.process.enabled and cfg.task.process.evidence > 0
     assert cfg.task.passage_words == 80 and cfg.task.top_k == 2
