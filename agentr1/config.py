@@ -272,8 +272,9 @@ class AlgoConfig:
     k3_linear_above: float | None = 3.0
     """k3_loss: past this log-ratio d = log(pi_ref / pi) of a token, k3 = e^d - d - 1
     continues as its tangent line, so one token the policy has moved far below the
-    reference pulls with a gradient of at most e^d - 1 (~19 at 3), not up to e^20
-    (`agentr1.algorithms.kl_penalty`; ``kl_tail_frac`` logs how often). None = exact k3."""
+    reference pulls with a gradient of at most e^c - 1 for this value c (19 at 3), not up
+    to e^20 (`agentr1.algorithms.kl_penalty`; ``kl_tail_frac`` logs how often). None =
+    exact k3."""
     entropy_coef: float = 0.0
     """Entropy bonus weight."""
     value_clip: float | None = 0.2
