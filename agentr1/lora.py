@@ -110,22 +110,19 @@ def _lora_forward(module: nn.Module, args: tuple[Any, ...], out: torch.Tensor) -
     return out + nn.functional.linear(z, b_OR) * scale
 
 
-def _share_inputs(model: nn.Module, chosen: list[str], linear: dict[str, nn.Linear]) -> int:
-    """Group the adapted siblings of `SHARED_INPUT`; returns the number of groups."""
+def _share_inputs(chosen: list[str], linear: dict[str, nn.Linear]) -> None:
+    """Give the adapted siblings of `SHARED_INPUT` (same parent module) one `_SharedInput`."""
     by_parent: dict[tuple[str, tuple[str, ...]], list[nn.Linear]] = {}
     for n in chosen:
         parent, _, last = n.rpartition(".")
         for names in SHARED_INPUT:
             if last in names:
                 by_parent.setdefault((parent, names), []).append(linear[n])
-    groups = 0
     for mods in by_parent.values():
         if len(mods) > 1:
             group = _SharedInput(mods)
             for m in mods:
                 _flags(m)["lora_group"] = group
-            groups += 1
-    return groups
 
 
 def lora_modules(model: nn.Module) -> list[tuple[str, nn.Linear]]:
@@ -187,7 +184,7 @@ def apply_lora(
         _flags(m).update(lora_scale=alpha / rank, lora_enabled=True, lora_group=None)
         m.register_forward_hook(_lora_forward)
     if share_input:
-        _share_inputs(model, chosen, linear)
+        _share_inputs(chosen, linear)
     return chosen
 
 
