@@ -243,10 +243,12 @@ def rollout_metrics(groups: list[Any], stats: RolloutStats) -> dict[str, float]:
     if multi:
         # Groups whose samples all got the same reward carry no GRPO / RLOO gradient; groups
         # whose outcomes tie are moved by the process rewards alone.
-        m["groups_tied"] = sum(max(g.rewards) - min(g.rewards) < 1e-9 for g in multi) / len(multi)
-        m["groups_outcome_tied"] = sum(
-            len({round(t.outcome_reward, 9) for t in g.trajectories}) == 1 for g in multi
-        ) / len(multi)
+        def tied(values: list[float]) -> bool:
+            return max(values) - min(values) < 1e-9
+
+        m["groups_tied"] = sum(tied(g.rewards) for g in multi) / len(multi)
+        outcomes = ([t.outcome_reward for t in g.trajectories] for g in multi)
+        m["groups_outcome_tied"] = sum(tied(o) for o in outcomes) / len(multi)
     return m
 
 
