@@ -36,6 +36,10 @@ question finds (`outside_tasks`; a rule that looks at no model):
         --model warm=runs/multihop_real2/warm_start/final_model \\
         --model grpo45=runs/multihop_real2W/grpo/final_model task.qa.data_dir=../shared/data/raw
 
+``--answer-top-k 20 --answer-after 5`` keeps the questions whose answer is in the top 20
+but not the top 5: a pool apart from the first, where one search of the question does not
+show the answer.
+
 Writes ``OUT/<name>.jsonl`` (one record per question, `agentr1.eval.compare` reads them)
 and ``OUT/fresh.md`` (per split and overall: EM, F1 and the paired lines). A model whose
 records exist is not evaluated again.
@@ -47,9 +51,14 @@ import argparse
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agentr1.config import Config, load_config
 from agentr1.types import Task
+
+if TYPE_CHECKING:
+    from agentr1.data import QASample
+    from agentr1.retrieval import Passage
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "multihop_smollm2.yaml"
 
@@ -162,7 +171,12 @@ def take_by_dataset(
 
 
 def outside_tasks(
-    cfg: Config, files: list[str], take: int, skip: int = 0, answer_top_k: int = 5
+    cfg: Config,
+    files: list[str],
+    take: int,
+    skip: int = 0,
+    answer_top_k: int = 5,
+    answer_after: int = 0,
 ) -> tuple[dict[str, list[Task]], str]:
     """``q_<dataset>`` -> questions of ``files`` (any question format; question-only files
     are the point) that no file of the recipe holds, kept only when a search of the
@@ -174,7 +188,10 @@ def outside_tasks(
     (``task.passage_words``), of the recipe retriever's top ``answer_top_k`` passages for
     the question (`cover_exact_match`). The filter looks at no model, so a paired
     comparison on the kept questions is fair; it does favour questions one search can
-    start on.
+    start on. ``answer_after`` K drops the questions whose answer is already in the top K,
+    for a pool the first pool does not overlap (``answer_top_k`` 10, ``answer_after`` 5:
+    the answer first shows at ranks 6-10, so one search of the question with the tool's
+    top-k of at most 5 does not show it).
 
     Questions are deduplicated across ``files`` (`dedupe`), dropped when their id or
     normalized question is in any train or eval file of the recipe (all of each file, not
@@ -190,6 +207,11 @@ def outside_tasks(
         raise ValueError(
             f"--take and --answer-top-k must be positive and --skip at least 0 "
             f"(got {take}, {answer_top_k}, {skip})"
+        )
+    if not 0 <= answer_after < answer_top_k:
+        raise ValueError(
+            f"--answer-after must be at least 0 and below --answer-top-k "
+            f"(got {answer_after}, {answer_top_k})"
         )
     qa = cfg.task.qa
     load = Loader()
@@ -210,18 +232,23 @@ def outside_tasks(
     retriever = retriever_from_spec(qa.retriever, data.passages)
     hits = retriever.search_batch([s.question for s in new], answer_top_k)
     words = cfg.task.passage_words
+
+    def found(sample: QASample, top: list[Passage]) -> bool:
+        shown = " ".join(f"{p.title} {clip_words(p.text, words)}" for p in top)
+        return cover_exact_match(shown, list(sample.answers))
+
     kept = [
         s
         for s, top in zip(new, hits, strict=True)
-        if cover_exact_match(
-            " ".join(f"{p.title} {clip_words(p.text, words)}" for p in top), list(s.answers)
-        )
+        if found(s, top) and not (answer_after and found(s, top[:answer_after]))
     ]
     out, taken = take_by_dataset([s.to_task() for s in kept], "q_", qa.split_seed, take, skip)
     note = (
         f"outside questions: {len(read)} in {len(paths)} file(s), {len(samples)} distinct, "
         f"{len(new)} in no recipe file, {len(kept)} with an answer in the top "
-        f"{answer_top_k} passages for the question; {taken}"
+        f"{answer_top_k} passages for the question"
+        + (f" but not in the top {answer_after}" if answer_after else "")
+        + f"; {taken}"
     )
     return out, note
 
@@ -298,6 +325,13 @@ def main() -> None:
         default=5,
         help="--questions: keep a question when its answer is in this many top passages",
     )
+    ap.add_argument(
+        "--answer-after",
+        type=int,
+        default=0,
+        metavar="K",
+        help="--questions: ...but not in the top K (a pool apart from the one of --answer-top-k K)",
+    )
     ap.add_argument("--recipe", default=str(RECIPE))
     ap.add_argument("overrides", nargs="*", help="section.field=value")
     args = ap.parse_args()
@@ -324,7 +358,9 @@ def main() -> None:
 
     base = load_config(args.recipe, args.overrides)
     if args.questions:
-        tasks, note = outside_tasks(base, args.questions, args.take, args.skip, args.answer_top_k)
+        tasks, note = outside_tasks(
+            base, args.questions, args.take, args.skip, args.answer_top_k, args.answer_after
+        )
     elif args.train_pool is None:
         tasks, note = fresh_tasks(base, args.take, args.splits, args.skip)
     else:

@@ -150,6 +150,37 @@ def test_outside_questions_are_in_no_recipe_file_and_answerable_by_a_search(
         outside_tasks(cfg, [outside], take=1, answer_top_k=0)
 
 
+def test_answer_after_gives_a_pool_apart_from_the_top_k_one(tmp_path: Path) -> None:
+    dev = write_jsonl(tmp_path / "dev.jsonl", [ircot_record(i) for i in range(10)])
+    train = write_jsonl(tmp_path / "train.jsonl", [ircot_record(i) for i in range(20, 30)])
+    qa = QAConfig(train=[train], eval={"dev": [dev]}, n_eval=2, retriever="bm25", data_dir="/")
+    cfg = Config(task=TaskConfig(kind="qa", qa=qa))
+    # "What is town i near?" ranks "Town i: Born in town i." first, "Person i: Person i is
+    # a poet." second and "Other i: Unrelated." third.
+    records = [
+        {"idx": 0, "question": "Which town was person 7 born in?", "answer": "town 7"},
+        {"idx": 1, "question": "What is town 23 near?", "answer": "town 23"},
+        {"idx": 2, "question": "What is town 24 near?", "answer": "poet"},
+        {"idx": 3, "question": "What is town 8 near?", "answer": "unrelated"},
+        {"idx": 4, "question": "Which town was person 8 born in?", "answer": "Oslo"},
+    ]
+    outside = write_jsonl(tmp_path / "hotpot_questions.jsonl", records)
+
+    def pool(**kw: int) -> set[str]:
+        tasks, _ = outside_tasks(cfg, [outside], take=10, **kw)
+        return {t.id for ts in tasks.values() for t in ts}
+
+    top5, top1, after1 = pool(), pool(answer_top_k=1), pool(answer_after=1)
+    assert top1 == {"hotpot_questions:0", "hotpot_questions:1"}
+    assert after1 == {"hotpot_questions:2", "hotpot_questions:3"}
+    assert top1 | after1 == top5
+    _, note = outside_tasks(cfg, [outside], take=10, answer_after=1)
+    assert "in the top 5 passages for the question but not in the top 1;" in note
+    for bad in (-1, 5, 6):
+        with pytest.raises(ValueError, match="--answer-after must be at least 0 and below"):
+            outside_tasks(cfg, [outside], take=1, answer_after=bad)
+
+
 def test_outside_questions_read_each_file_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
