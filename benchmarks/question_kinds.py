@@ -1,0 +1,127 @@
+"""Where a difference between two models comes from: greedy records of the same questions
+(``fresh_eval.py``'s ``OUT/<name>.jsonl``, or ``eval_episodes.jsonl``) split by question
+kind, each model paired against the first.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/question_kinds.py \\
+        runs/multihop_real2N/outside/warm.jsonl runs/multihop_real2N/outside/grpo_nostd.jsonl
+
+The kind is a keyword rule on the question (`kind`), yes/no by the gold answer; it looks
+at no model. Prints a markdown table per model (n, EM of both, better / worse, tool calls)
+and the answers each model gives most often to the nationality / country questions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+KINDS = ("nationality / country", "yes / no", "date or comparison", "who", "place", "other")
+_RULES = (
+    ("nationality / country", r"\b(nationality|nationalities|country|countries|citizen)"),
+    (
+        "date or comparison",
+        r"\b(first|later|earlier|older|younger|date|when|what year|which year)\b",
+    ),
+    ("who", r"\b(who|whom)\b"),
+    ("place", r"\b(where|place|city|town)\b"),
+)
+
+
+def kind(question: str, gold: list[str]) -> str:
+    """The question's kind: yes / no when a gold answer is "yes" or "no", else the first
+    rule of `_RULES` whose pattern the lower-cased question matches, else "other"."""
+    if any(g.strip().lower() in ("yes", "no") for g in gold):
+        return "yes / no"
+    q = question.lower()
+    return next((name for name, pattern in _RULES if re.search(pattern, q)), "other")
+
+
+def read_records(path: Path) -> dict[str, dict[str, Any]]:
+    """``<split or dataset>/<task_id>`` -> record; errors name the file and line."""
+    out: dict[str, dict[str, Any]] = {}
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not JSON ({e.msg})") from None
+            for field in ("task_id", "question", "gold", "answer", "em"):
+                if field not in rec:
+                    raise ValueError(f"{path}:{lineno}: no field {field!r}")
+            key = f"{rec.get('split', rec.get('dataset'))}/{rec['task_id']}"
+            if key in out:
+                raise ValueError(f"{path}:{lineno}: question {key} appears twice")
+            out[key] = rec
+    return out
+
+
+def kind_table(ref: dict[str, dict[str, Any]], other: dict[str, dict[str, Any]]) -> list[str]:
+    """Markdown rows: per kind (and all) n, EM of ``ref`` and ``other``, better / worse, and
+    tool calls a question of each. The two must hold the same questions."""
+    if ref.keys() != other.keys():
+        missing = sorted(ref.keys() ^ other.keys())
+        raise ValueError(f"the records hold different questions (e.g. {missing[0]})")
+    rows = [
+        "| kind | n | reference EM | EM | better / worse | tool calls (reference → this) |",
+        "|---|---|---|---|---|---|",
+    ]
+    by_kind: dict[str, list[str]] = {k: [] for k in KINDS}
+    for key, rec in ref.items():
+        by_kind[kind(rec["question"], list(rec["gold"]))].append(key)
+    for name, keys in [*by_kind.items(), ("all", list(ref))]:
+        if not keys:
+            continue
+        a = [float(ref[k]["em"]) for k in keys]
+        b = [float(other[k]["em"]) for k in keys]
+        better = sum(y > x for x, y in zip(a, b, strict=True))
+        worse = sum(y < x for x, y in zip(a, b, strict=True))
+        calls_a = sum(float(ref[k].get("tool_calls", 0)) for k in keys) / len(keys)
+        calls_b = sum(float(other[k].get("tool_calls", 0)) for k in keys) / len(keys)
+        rows.append(
+            f"| {name} | {len(keys)} | {sum(a) / len(a):.3f} | {sum(b) / len(b):.3f} "
+            f"| {better} / {worse} | {calls_a:.2f} → {calls_b:.2f} |"
+        )
+    return rows
+
+
+def top_answers(records: dict[str, dict[str, Any]], of_kind: str, n: int = 6) -> str:
+    """The ``n`` answers given most often to questions of ``of_kind``, with counts (right
+    ones in brackets)."""
+    said: Counter[str] = Counter()
+    right: Counter[str] = Counter()
+    for rec in records.values():
+        if kind(rec["question"], list(rec["gold"])) != of_kind:
+            continue
+        answer = str(rec["answer"] or "").strip() or "(none)"
+        said[answer] += 1
+        right[answer] += int(float(rec["em"]) > 0)
+    return ", ".join(f"{a} {c} ({right[a]})" for a, c in said.most_common(n))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("records", nargs="+", type=Path, help="the reference first")
+    args = ap.parse_args()
+    if len(args.records) < 2:
+        ap.error("give the reference's records and at least one model's")
+    ref = read_records(args.records[0])
+    print(f"reference: {args.records[0]}")
+    nat = KINDS[0]
+    print(f"\n{nat} answers, reference: {top_answers(ref, nat)}")
+    for path in args.records[1:]:
+        other = read_records(path)
+        print(f"\n## {path}\n")
+        print("\n".join(kind_table(ref, other)))
+        print(f"\n{nat} answers: {top_answers(other, nat)}")
+
+
+if __name__ == "__main__":
+    main()
