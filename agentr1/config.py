@@ -329,6 +329,11 @@ class TrainConfig:
     """Steps between atomic checkpoints (0 = only at the end)."""
     eval_every: int = 0
     """Steps between evaluations (0 = only before and after)."""
+    keep_best: bool = False
+    """Also write ``best_model/``: the weights with the highest greedy EM (mean over
+    ``eval.splits``) among the evaluation before RL and those every ``eval_every`` steps;
+    ties keep the earlier. The step and EM go to the summary as ``best_model``. A model
+    chosen on the eval questions needs other questions to be tested on."""
     log_trajectories: int = 2
     """Sampled trajectories written to trajectories.jsonl per step."""
     threads: int = 0
@@ -419,6 +424,11 @@ class Config:
             errors.append("sft.demo_worlds must be >= 0 (0 = the task's own questions)")
         if not 0 <= self.sft.early_answer_prob <= 1:
             errors.append("sft.early_answer_prob is a probability: it must be in [0, 1]")
+        if self.train.keep_best and self.train.eval_every < 1:
+            errors.append(
+                "train.keep_best needs train.eval_every >= 1: the best model is chosen among "
+                "the evaluations every eval_every steps"
+            )
         if self.eval.sampled_n < 0:
             errors.append("eval.sampled_n must be >= 0 (0 = greedy evaluation only)")
         if self.eval.batch_tasks < 1:

@@ -44,8 +44,9 @@ VARIANTS = {"grpo": ["algo.estimator=grpo"], "ppo": ["algo.estimator=gae"]}
 LABELS = {"hotpotqa": "HotpotQA", "2wiki": "2Wiki", "musique": "MuSiQue (OOD)"}
 
 
-def config(args: argparse.Namespace, extra: list[str]) -> Config:
-    return load_config(args.recipe, [*args.overrides, *extra])
+def config(args: argparse.Namespace, extra: list[str], defaults: tuple[str, ...] = ()) -> Config:
+    """The recipe with ``defaults``, then the command line's overrides, then ``extra``."""
+    return load_config(args.recipe, [*defaults, *args.overrides, *extra])
 
 
 def baselines(args: argparse.Namespace) -> None:
@@ -140,10 +141,12 @@ def rl(args: argparse.Namespace) -> None:
         *VARIANTS[args.variant],
         f"model.path={args.root / 'warm_start' / 'final_model'}",
         "sft.enabled=false",
-        "eval.before=false",
         f"train.run_dir={run_dir}",
     ]
-    train(config(args, extra), resume=(run_dir / "checkpoints").is_dir())
+    # The warm start has its own eval; `eval.before=true` on the command line adds it back
+    # (`train.keep_best` then counts the warm start as a candidate).
+    cfg = config(args, extra, defaults=("eval.before=false",))
+    train(cfg, resume=(run_dir / "checkpoints").is_dir())
 
 
 def reeval(args: argparse.Namespace) -> None:

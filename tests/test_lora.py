@@ -303,3 +303,33 @@ def test_a_shared_product_is_not_reused_after_the_adapters_change() -> None:
         + (x @ block.k_proj.lora_A.T @ block.k_proj.lora_B.T) * block.k_proj.__dict__["lora_scale"]
     )
     torch.testing.assert_close(block.k_proj(x), want)
+
+
+def test_save_model_mid_run_writes_a_plain_model_and_leaves_the_adapters(tmp_path: Path) -> None:
+    """`train.keep_best` saves mid-run, while the adapters still train: the file is the
+    merged plain model, and the live model keeps its adapters."""
+    from types import SimpleNamespace
+
+    from transformers import AutoModelForCausalLM
+
+    from agentr1.trainer.loop import save_model
+
+    model = tiny_llama(vocab_size=64, hidden=32, layers=2)
+    lora.apply_lora(model, rank=4, alpha=8)
+    randomize_adapters(model)
+    adapted = logits(model)
+    tokenizer = SimpleNamespace(save_pretrained=lambda path: None)
+    save_model(SimpleNamespace(policy=model, tokenizer=tokenizer), tmp_path / "best_model")
+    assert len(lora.lora_modules(model)) == 14  # still adapted
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path / "best_model")
+    assert not lora.lora_modules(plain)
+    torch.testing.assert_close(logits(plain), adapted, atol=1e-4, rtol=1e-4)
+    # a second save replaces the first in place
+    randomize_adapters(model)
+    with torch.no_grad():
+        for _, m in lora.lora_modules(model):
+            m.lora_B.mul_(2)
+    save_model(SimpleNamespace(policy=model, tokenizer=tokenizer), tmp_path / "best_model")
+    again = AutoModelForCausalLM.from_pretrained(tmp_path / "best_model")
+    torch.testing.assert_close(logits(again), logits(model), atol=1e-4, rtol=1e-4)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best_model"]

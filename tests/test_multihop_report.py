@@ -96,3 +96,14 @@ def test_keep_finished_copies_results_and_leaves_a_resumable_run(tmp_path: Path)
     with pytest.raises(SystemExit, match="exists already"):
         (run / "summary.json").write_text(json.dumps(_summary(0.2, 20)))
         keep_finished(run)
+
+
+def test_rl_defaults_yield_to_the_command_line() -> None:
+    import argparse
+
+    config = benchmark("multihop_real").config
+    args = argparse.Namespace(recipe=str(ROOT / "recipes" / "multihop_smollm2.yaml"), overrides=[])
+    assert config(args, [], defaults=("eval.before=false",)).eval.before is False
+    args.overrides = ["eval.before=true", "train.steps=3"]
+    cfg = config(args, ["train.steps=5"], defaults=("eval.before=false",))
+    assert cfg.eval.before is True and cfg.train.steps == 5  # extra still wins

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from agentr1.config import load_config
 from agentr1.trainer.loop import train
@@ -229,3 +230,91 @@ def test_mask_ablations_train_tool_tokens(tmp_path: Path) -> None:
     adv_only = load_config(None, ["algo.advantage_mask=false"])
     train_m, adv_m = _masks(b, adv_only)
     assert train_m.tolist() == [[0, 0, 1, 1, 0, 0, 1]] and adv_m.tolist() == [[0, 1, 1, 1, 1, 1, 1]]
+
+
+def test_keep_best_writes_the_weights_of_the_best_evaluation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tiny model's EM barely moves in 3 steps, so each evaluation's greedy EM is set
+    by hand (step 1 best, step 3 ties it) and the weights evaluated are kept to compare."""
+    from safetensors.torch import load_file
+
+    from agentr1.trainer import loop
+
+    schedule = {"before": 0.1, "step 1": 0.5, "step 2": 0.2, "step 3": 0.5, "after": 0.5}
+    seen: dict[str, dict[str, torch.Tensor]] = {}
+    real = loop.run_eval
+
+    def scripted(setup, label, run=None):  # type: ignore[no-untyped-def]
+        res = real(setup, label, run)
+        for r in res["greedy"].values():
+            r.by_group["all"]["em"] = schedule[label]
+        seen[label] = {k: v.detach().clone() for k, v in setup.policy.state_dict().items()}
+        return res
+
+    monkeypatch.setattr(loop, "run_eval", scripted)
+    cfg = load_config(
+        None,
+        [
+            *SMALL,
+            "train.steps=3",
+            "train.eval_every=1",
+            "train.keep_best=true",
+            "eval.sampled_n=0",
+            "algo.entropy_coef=0.1",  # a gradient even when every reward is 0
+            f"train.run_dir={tmp_path}",
+        ],
+    )
+    summary = train(cfg)
+    assert sorted(seen) == ["after", "before", "step 1", "step 2", "step 3"]
+    assert summary["best_model"] == {"step": 1, "greedy_em": 0.5}
+    best = load_file(str(tmp_path / "best_model" / "model.safetensors"))
+    at_1, at_3 = seen["step 1"], seen["step 3"]
+    assert all(torch.equal(best[k], at_1[k]) for k in best)
+    assert any(not torch.equal(at_1[k], at_3[k]) for k in best)  # the steps did change it
+    assert not list(tmp_path.glob("best_model.*"))  # no .tmp / .old left behind
+
+
+def test_keep_best_picks_strictly_better_and_survives_a_failed_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from types import SimpleNamespace
+
+    from agentr1.trainer import loop
+
+    written: list[int] = []
+    fail = {"now": False}
+
+    def fake_save(setup: object, path: Path) -> None:
+        if fail["now"]:
+            raise OSError("disk full")
+        written.append(step)
+
+    monkeypatch.setattr(loop, "save_model", fake_save)
+    setup = SimpleNamespace(cfg=load_config(None, ["train.eval_every=1", "train.keep_best=true"]))
+    run = SimpleNamespace(dir=tmp_path)
+    summary: dict = {}
+
+    def res(*ems: float) -> dict:
+        return {"greedy": {f"s{i}": SimpleNamespace(em=e) for i, e in enumerate(ems)}}
+
+    for step, ems, broken in [
+        (0, (0.2, 0.4), False),  # mean 0.3: the first is the best
+        (1, (0.4, 0.2), False),  # a tie keeps the earlier
+        (2, (0.5, 0.3), True),  # better, but the write fails: not recorded
+        (3, (0.5, 0.2), False),  # better than 0.3 (the failed one does not count)
+        (4, (0.1, 0.1), False),
+    ]:
+        fail["now"] = broken
+        loop.keep_if_best(setup, run, summary, res(*ems), step)  # type: ignore[arg-type]
+    assert written == [0, 3]
+    assert summary["best_model"] == {"step": 3, "greedy_em": pytest.approx(0.35)}
+    assert summary["best_model_errors"] == 1
+    off = SimpleNamespace(cfg=load_config(None, []))
+    loop.keep_if_best(off, run, summary, res(0.9), 5)  # type: ignore[arg-type]
+    assert written == [0, 3]
+
+
+def test_keep_best_needs_eval_every() -> None:
+    with pytest.raises(ValueError, match=r"train\.keep_best needs train\.eval_every >= 1"):
+        load_config(None, ["train.keep_best=true"])

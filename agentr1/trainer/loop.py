@@ -18,11 +18,13 @@ import dataclasses
 import gc
 import logging
 import random
+import shutil
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -538,6 +540,54 @@ def eval_record(res: dict[str, dict[str, EvalResult]]) -> dict[str, Any]:
     return {mode: {s: r.by_group for s, r in per.items()} for mode, per in res.items()}
 
 
+def save_model(setup: Setup, path: Path) -> None:
+    """The policy as a plain HF model (adapters folded in) and its tokenizer at ``path``,
+    written beside it and renamed into place: a kill mid-write leaves the old one."""
+    tmp, old = path.with_name(path.name + ".tmp"), path.with_name(path.name + ".old")
+    shutil.rmtree(tmp, ignore_errors=True)
+    merged = lora.merged_state_dict(setup.policy) if lora.lora_modules(setup.policy) else None
+    setup.policy.save_pretrained(tmp, safe_serialization=True, state_dict=merged)
+    setup.tokenizer.save_pretrained(tmp)
+    shutil.rmtree(old, ignore_errors=True)
+    if path.exists():
+        path.rename(old)
+    tmp.rename(path)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def keep_if_best(
+    setup: Setup,
+    run: RunDir,
+    summary: dict[str, Any],
+    res: dict[str, dict[str, EvalResult]],
+    step: int,
+) -> None:
+    """With ``train.keep_best``: when this evaluation's greedy EM (mean over the splits)
+    beats every earlier one, write ``best_model/`` and record it in ``summary``. A model
+    that cannot be written is logged and counted (``best_model_errors``), not fatal; the
+    next evaluation tries again."""
+    if not setup.cfg.train.keep_best or not res["greedy"]:
+        return
+    em = sum(r.em for r in res["greedy"].values()) / len(res["greedy"])
+    best = summary.get("best_model")
+    if best is not None and em <= best["greedy_em"]:
+        return
+    try:
+        save_model(setup, run.dir / "best_model")
+    except (OSError, RuntimeError) as e:
+        summary["best_model_errors"] = summary.get("best_model_errors", 0) + 1
+        log.error(
+            "best model (step %d, greedy EM %.3f) not written: %s: %s",
+            step,
+            em,
+            type(e).__name__,
+            e,
+        )
+        return
+    summary["best_model"] = {"step": step, "greedy_em": em}
+    log.info("best model so far: step %d, greedy EM %.3f -> %s", step, em, run.dir / "best_model")
+
+
 def train(cfg: Config, resume: bool = False, stop_after: int | None = None) -> dict[str, Any]:
     """Run a whole training job; returns the summary (also written to the run directory).
 
@@ -558,8 +608,10 @@ def train(cfg: Config, resume: bool = False, stop_after: int | None = None) -> d
         if cfg.sft.enabled:
             summary["sft"] = warm_start(setup, run)
         if cfg.eval.before:
-            summary["eval_before"] = eval_record(run_eval(setup, "before", run))
+            before = run_eval(setup, "before", run)
+            summary["eval_before"] = eval_record(before)
             run.log_metrics({"phase": "eval_before", **summary["eval_before"]})
+            keep_if_best(setup, run, summary, before, 0)
         # Reference = the warm-started policy, so KL pulls toward it, not the random init.
         if state.reference is not None:
             state.reference.load_state_dict(setup.policy.state_dict())
@@ -576,13 +628,9 @@ def train(cfg: Config, resume: bool = False, stop_after: int | None = None) -> d
         run.log_metrics({"phase": "rl", **metrics})
         bar.update_with(reward=metrics["reward"], em=metrics["em"], turns=metrics["turns"])
         if cfg.train.eval_every and state.step % cfg.train.eval_every == 0:
-            run.log_metrics(
-                {
-                    "phase": "eval",
-                    "step": state.step,
-                    **eval_record(run_eval(setup, f"step {state.step}", run)),
-                }
-            )
+            res = run_eval(setup, f"step {state.step}", run)
+            run.log_metrics({"phase": "eval", "step": state.step, **eval_record(res)})
+            keep_if_best(setup, run, summary, res, state.step)
         if cfg.train.checkpoint_every and state.step % cfg.train.checkpoint_every == 0:
             checkpoint(state, run, {"summary": summary})
     bar.close()
@@ -594,7 +642,10 @@ def train(cfg: Config, resume: bool = False, stop_after: int | None = None) -> d
     if state.step == 0 and "eval_before" in summary:  # no RL step: the same weights
         summary["eval_after"] = summary["eval_before"]
     else:
-        summary["eval_after"] = eval_record(run_eval(setup, "after", run))
+        after = run_eval(setup, "after", run)
+        summary["eval_after"] = eval_record(after)
+        if not (cfg.train.eval_every and state.step % cfg.train.eval_every == 0):
+            keep_if_best(setup, run, summary, after, state.step)  # not evaluated yet
     run.log_metrics({"phase": "eval_after", **summary["eval_after"]})
     summary["minutes"] = (time.perf_counter() - t_start) / 60
     summary["steps"] = state.step
