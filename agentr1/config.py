@@ -331,8 +331,8 @@ class TrainConfig:
     """Steps between evaluations (0 = only before and after)."""
     keep_best: bool = False
     """Also write ``best_model/``: the weights with the highest greedy EM (mean over
-    ``eval.splits``) among the evaluation before RL and those every ``eval_every`` steps;
-    ties keep the earlier. The step and EM go to the summary as ``best_model``. A model
+    ``eval.splits``) among the evaluations before RL, every ``eval_every`` steps and
+    after RL; ties keep the earlier. The step and EM go to the summary as ``best_model``. A model
     chosen on the eval questions needs other questions to be tested on."""
     log_trajectories: int = 2
     """Sampled trajectories written to trajectories.jsonl per step."""
