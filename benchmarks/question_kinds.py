@@ -13,11 +13,12 @@ and the answers each model gives most often to the nationality / country questio
 from __future__ import annotations
 
 import argparse
-import json
 import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+from agentr1.eval.compare import load_records
 
 KINDS = ("nationality / country", "yes / no", "date or comparison", "who", "place", "other")
 _RULES = (
@@ -41,24 +42,9 @@ def kind(question: str, gold: list[str]) -> str:
 
 
 def read_records(path: Path) -> dict[str, dict[str, Any]]:
-    """``<split or dataset>/<task_id>`` -> record; errors name the file and line."""
-    out: dict[str, dict[str, Any]] = {}
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not JSON ({e.msg})") from None
-            for field in ("task_id", "question", "gold", "answer", "em"):
-                if field not in rec:
-                    raise ValueError(f"{path}:{lineno}: no field {field!r}")
-            key = f"{rec.get('split', rec.get('dataset'))}/{rec['task_id']}"
-            if key in out:
-                raise ValueError(f"{path}:{lineno}: question {key} appears twice")
-            out[key] = rec
-    return out
+    """``<split or dataset>/<task_id>`` -> record (`load_records`: errors name the file
+    and line)."""
+    return load_records(path, ("question", "gold", "answer", "em"))
 
 
 def kind_table(ref: dict[str, dict[str, Any]], other: dict[str, dict[str, Any]]) -> list[str]:

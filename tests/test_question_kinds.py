@@ -82,7 +82,7 @@ def test_bad_records_name_the_file_and_line(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"bad.jsonl:2: no field 'em'"):
         qk.read_records(bad)
     twice = write(tmp_path / "twice.jsonl", [good, good])
-    with pytest.raises(ValueError, match=r"twice.jsonl:2: question q_x/0 appears twice"):
+    with pytest.raises(ValueError, match=r"twice.jsonl:2: question 'q_x/0' appears twice"):
         qk.read_records(twice)
     (tmp_path / "torn.jsonl").write_text('{"task_id": 1\n', encoding="utf-8")
     with pytest.raises(ValueError, match=r"torn.jsonl:1: not JSON"):

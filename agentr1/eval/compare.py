@@ -130,21 +130,23 @@ def paired(
     )
 
 
-def load_scores(
-    path: str | Path, metric: str, where: Mapping[str, str] | None = None
-) -> dict[str, float]:
-    """``task_id -> metric`` from an episodes JSONL file, keeping lines matching ``where``.
+def load_records(
+    path: str | Path, fields: Sequence[str], where: Mapping[str, str] | None = None
+) -> dict[str, dict[str, Any]]:
+    """``task_id -> record`` from an episodes JSONL file, keeping lines matching ``where``;
+    each kept line must have ``task_id`` and ``fields``.
 
     Keys are ``<dataset or split>/<task_id>`` when the line names one, so the same id in
     two datasets stays two questions.
 
     Raises:
         ValueError: naming the file and line of a malformed record, a missing field, or a
-            question scored twice under the filter (two evaluations mixed together).
+            question scored twice under the filter (two evaluations mixed together); or
+            the file when no line is kept.
     """
     path = Path(path)
     where = dict(where or {})
-    out: dict[str, float] = {}
+    out: dict[str, dict[str, Any]] = {}
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
@@ -155,7 +157,7 @@ def load_scores(
                 raise ValueError(f"{path}:{lineno}: not JSON ({e.msg})") from None
             if any(str(rec.get(k)) != v for k, v in where.items()):
                 continue
-            for field in ("task_id", metric):
+            for field in ("task_id", *fields):
                 if field not in rec:
                     raise ValueError(f"{path}:{lineno}: no field {field!r}")
             group = rec.get("dataset", rec.get("split"))
@@ -166,10 +168,17 @@ def load_scores(
                     + (f" with {where}" if where else "")
                     + "; pick one evaluation with --where (e.g. label=after)"
                 )
-            out[key] = float(rec[metric])
+            out[key] = rec
     if not out:
         raise ValueError(f"{path}: no episodes" + (f" with {where}" if where else ""))
     return out
+
+
+def load_scores(
+    path: str | Path, metric: str, where: Mapping[str, str] | None = None
+) -> dict[str, float]:
+    """``task_id -> metric`` of `load_records` (same keys, filter and errors)."""
+    return {k: float(r[metric]) for k, r in load_records(path, [metric], where).items()}
 
 
 def compare_files(
