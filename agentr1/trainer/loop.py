@@ -546,8 +546,12 @@ def save_model(setup: Setup, path: Path) -> None:
     tmp, old = path.with_name(path.name + ".tmp"), path.with_name(path.name + ".old")
     shutil.rmtree(tmp, ignore_errors=True)
     merged = lora.merged_state_dict(setup.policy) if lora.lora_modules(setup.policy) else None
-    setup.policy.save_pretrained(tmp, safe_serialization=True, state_dict=merged)
-    setup.tokenizer.save_pretrained(tmp)
+    try:
+        setup.policy.save_pretrained(tmp, safe_serialization=True, state_dict=merged)
+        setup.tokenizer.save_pretrained(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # no partial model left beside the old one
+        raise
     shutil.rmtree(old, ignore_errors=True)
     if path.exists():
         path.rename(old)
@@ -653,8 +657,7 @@ def train(cfg: Config, resume: bool = False, stop_after: int | None = None) -> d
     if last is not None and last.name == f"step_{state.step:06d}":  # not an older one
         update_checkpoint_meta(last, {"summary": summary})
     try:
-        setup.policy.save_pretrained(run.dir / "final_model", safe_serialization=True)
-        setup.tokenizer.save_pretrained(run.dir / "final_model")
+        save_model(setup, run.dir / "final_model")
     except (OSError, RuntimeError) as e:
         why = f"{type(e).__name__}: {e}"
         raise write_failed(run.ckpt_dir, "the final model", run.dir / "final_model", why) from e
