@@ -336,6 +336,10 @@ class TrainConfig:
     chosen on the eval questions needs other questions to be tested on."""
     log_trajectories: int = 2
     """Sampled trajectories written to trajectories.jsonl per step."""
+    log_rollouts: bool = True
+    """One line per training episode in rollouts.jsonl (question, gold, answer, EM / F1,
+    rewards, the episode's mean advantage; no tokens): which questions moved the policy,
+    and how. About 400 bytes an episode."""
     threads: int = 0
     """torch threads (0 = torch's default)."""
 

@@ -44,11 +44,50 @@ def rl_records(run_dir: Path) -> list[dict]:
     ]
 
 
+def check_rollouts(path: Path, estimator: str, steps: int, episodes: int) -> None:
+    """Every training episode is logged once, with what moved the policy: within a group
+    the better-rewarded sample gets the larger advantage; a tied group none (group
+    baselines)."""
+    recs = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(recs) == steps * episodes
+    assert {(r["step"], r["group"], r["sample"]) for r in recs} == {
+        (s, g, i) for s in range(steps) for g in range(2) for i in range(2)
+    }
+    for r in recs:
+        assert (
+            r["gold"]
+            and r["question"]
+            and r["reward"] == pytest.approx(r["outcome_reward"] + r["process_reward"])
+        )
+    if estimator not in ("grpo", "dr_grpo", "rloo"):
+        return
+    for s in range(steps):
+        (hi, lo), tied = ([r for r in recs if (r["step"], r["group"]) == (s, g)] for g in (0, 1))
+        assert (hi["reward"], lo["reward"]) == (1.0, 0.0)
+        assert hi["advantage"] > 0 > lo["advantage"]
+        assert tied[0]["advantage"] == tied[1]["advantage"] == pytest.approx(0.0, abs=1e-6)
+
+
 @pytest.mark.parametrize(
     "estimator",
     ["grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gae"],
 )
-def test_every_estimator_trains(tmp_path: Path, estimator: str) -> None:
+def test_every_estimator_trains(
+    tmp_path: Path, estimator: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agentr1.trainer import loop
+
+    real = loop.sample_rollouts
+
+    def rewarded(s, timer):  # type: ignore[no-untyped-def]
+        """The tiny model earns nothing yet; group 0 gets rewards 1 / 0, group 1 a tie."""
+        groups, stats = real(s, timer)
+        for g, rewards in zip(groups, ([1.0, 0.0], [0.5, 0.5]), strict=True):
+            for t, r in zip(g.trajectories, rewards, strict=True):
+                t.outcome_reward = r
+        return groups, stats
+
+    monkeypatch.setattr(loop, "sample_rollouts", rewarded)
     extra = ["algo.kl_coef=0.01"] if estimator == "gae" else []
     cfg = load_config(
         None,
@@ -69,9 +108,11 @@ def test_every_estimator_trains(tmp_path: Path, estimator: str) -> None:
         "report.md",
         "summary.json",
         "trajectories.jsonl",
+        "rollouts.jsonl",
         "plots/training.png",
     ):
         assert (tmp_path / f).exists(), f
+    check_rollouts(tmp_path / "rollouts.jsonl", estimator, steps=2, episodes=4)
     if estimator == "gae":
         assert "value_loss" in rows[0] and "kl" in rows[0]
 
@@ -97,6 +138,10 @@ def test_kill_and_resume_matches_uninterrupted_run(tmp_path: Path) -> None:
     logged = (tmp_path / "part" / "metrics.jsonl").read_text().count('"phase": "rl"')
     assert logged == 5 and [r["step"] for r in b] == [0.0, 1.0, 2.0, 3.0]
     assert a == b
+    # rollouts.jsonl: the killed attempt's step-2 lines were dropped on resume, not doubled
+    ra = (tmp_path / "full" / "rollouts.jsonl").read_text().splitlines()
+    rb = (tmp_path / "part" / "rollouts.jsonl").read_text().splitlines()
+    assert len(ra) == 4 * 2 * 2 and ra == rb  # steps x tasks x samples, identical
     s_full = json.loads((tmp_path / "full" / "summary.json").read_text())
     s_part = json.loads((tmp_path / "part" / "summary.json").read_text())
     assert s_full["eval_after"] == s_part["eval_after"]
@@ -286,7 +331,7 @@ def test_keep_best_picks_strictly_better_and_survives_a_failed_write(
     written: list[int] = []
     fail = {"now": False}
 
-    def fake_save(setup: object, path: Path) -> None:
+    def fake_save(setup: object, path: Path, note: object = None) -> None:
         if fail["now"]:
             raise OSError("disk full")
         written.append(step)
@@ -319,3 +364,49 @@ def test_keep_best_picks_strictly_better_and_survives_a_failed_write(
 def test_keep_best_needs_eval_every() -> None:
     with pytest.raises(ValueError, match=r"train\.keep_best needs train\.eval_every >= 1"):
         load_config(None, ["train.keep_best=true"])
+
+
+def test_keep_best_after_a_resume_knows_the_model_a_killed_attempt_wrote(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed after step 3 (checkpoint at step 2) with step 3 the best and written; the
+    resumed run re-evaluates step 3 lower (as nondeterministic hardware could), so the
+    summary must name the step-3 model on disk, not the step-2 choice in the checkpoint."""
+    from agentr1.trainer import loop
+
+    ems = {"before": [0.1], "step 1": [0.2], "step 2": [0.3], "step 3": [0.6, 0.4], "step 4": [0.5]}
+    ems["after"] = [0.5]
+    real = loop.run_eval
+
+    def scripted(setup, label, run=None):  # type: ignore[no-untyped-def]
+        res = real(setup, label, run)
+        em = ems[label].pop(0)
+        for r in res["greedy"].values():
+            r.by_group["all"]["em"] = em
+        return res
+
+    monkeypatch.setattr(loop, "run_eval", scripted)
+    cfg = load_config(
+        None,
+        [
+            *SMALL,
+            "sft.steps=5",
+            "train.steps=4",
+            "train.eval_every=1",
+            "train.checkpoint_every=2",
+            "train.keep_best=true",
+            "eval.sampled_n=0",
+            f"train.run_dir={tmp_path}",
+        ],
+    )
+    train(cfg, stop_after=3)
+    marker = json.loads((tmp_path / "best_model" / loop.BEST_MARKER).read_text())
+    assert marker == {"step": 3, "greedy_em": 0.6}
+    summary = train(cfg, resume=True)
+    assert summary["best_model"] == {"step": 3, "greedy_em": 0.6, "before_resume": True}
+    assert ems == {k: [] for k in ems}  # every scripted evaluation ran
+    # a fresh run in the same directory starts over: the old best_model/ is removed first
+    ems.update({"before": [0.0], "step 1": [0.0], "step 2": [0.0], "step 3": [0.0]})
+    ems.update({"step 4": [0.0], "after": [0.0]})
+    fresh = train(cfg)
+    assert fresh["best_model"] == {"step": 0, "greedy_em": 0.0}

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import gc
+import json
 import logging
 import random
 import shutil
@@ -310,6 +311,10 @@ def rl_step(s: TrainState, run: RunDir) -> dict[str, float]:
         metrics["logprob_mismatch"] = float(diff.sum() / batch.loss_mask_BT.sum().clamp(min=1))
     metrics.update(timer.times)
     metrics["time/step"] = time.perf_counter() - t0
+    if cfg.train.log_rollouts:
+        # Mean advantage over each episode's trained tokens: the direction it pushed.
+        adv_B = ub.advantages_BT.sum(1) / ub.loss_mask_BT.sum(1).clamp(min=1)
+        run.log_rollouts(s.step, groups, adv_B.tolist())
     if cfg.train.log_trajectories:
         run.log_trajectories(
             s.step,
@@ -540,15 +545,23 @@ def eval_record(res: dict[str, dict[str, EvalResult]]) -> dict[str, Any]:
     return {mode: {s: r.by_group for s, r in per.items()} for mode, per in res.items()}
 
 
-def save_model(setup: Setup, path: Path) -> None:
+BEST_MARKER = "selection.json"
+"""In ``best_model/``: which evaluation chose it (``{"step", "greedy_em"}``), written with
+the weights, so a resumed run knows what the directory holds."""
+
+
+def save_model(setup: Setup, path: Path, note: dict[str, Any] | None = None) -> None:
     """The policy as a plain HF model (adapters folded in) and its tokenizer at ``path``,
-    written beside it and renamed into place: a kill mid-write leaves the old one."""
+    written beside it and renamed into place: a kill mid-write leaves the old one.
+    ``note`` goes in as `BEST_MARKER`, in the same rename."""
     tmp, old = path.with_name(path.name + ".tmp"), path.with_name(path.name + ".old")
     shutil.rmtree(tmp, ignore_errors=True)
     merged = lora.merged_state_dict(setup.policy) if lora.lora_modules(setup.policy) else None
     try:
         setup.policy.save_pretrained(tmp, safe_serialization=True, state_dict=merged)
         setup.tokenizer.save_pretrained(tmp)
+        if note is not None:
+            (tmp / BEST_MARKER).write_text(json.dumps(note) + "\n")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)  # no partial model left beside the old one
         raise
@@ -576,8 +589,9 @@ def keep_if_best(
     best = summary.get("best_model")
     if best is not None and em <= best["greedy_em"]:
         return
+    choice = {"step": step, "greedy_em": em}
     try:
-        save_model(setup, run.dir / "best_model")
+        save_model(setup, run.dir / "best_model", note=choice)
     except (OSError, RuntimeError) as e:
         summary["best_model_errors"] = summary.get("best_model_errors", 0) + 1
         log.error(
@@ -588,8 +602,39 @@ def keep_if_best(
             e,
         )
         return
-    summary["best_model"] = {"step": step, "greedy_em": em}
+    summary["best_model"] = choice
     log.info("best model so far: step %d, greedy EM %.3f -> %s", step, em, run.dir / "best_model")
+
+
+def adopt_best_on_disk(run: RunDir, summary: dict[str, Any]) -> None:
+    """On resume: a killed attempt may have written ``best_model/`` after the checkpoint
+    being resumed, so the summary restored with it does not know that model. It was
+    evaluated like any other, so when its EM beats the summary's choice it becomes the
+    choice (``"before_resume": true``); the steps run again may still beat it."""
+    marker = run.dir / "best_model" / BEST_MARKER
+    if not marker.exists():
+        return
+    try:
+        on_disk = json.loads(marker.read_text())
+        em, step = float(on_disk["greedy_em"]), int(on_disk["step"])
+    except (ValueError, KeyError, TypeError) as e:
+        log.warning(
+            "%s: unreadable (%s); best_model/ will be rewritten by the next best", marker, e
+        )
+        return
+    best = summary.get("best_model")
+    if best is None or em > best["greedy_em"]:
+        summary["best_model"] = {"step": step, "greedy_em": em, "before_resume": True}
+        log.info("best_model/ from before the resume: step %d, greedy EM %.3f", step, em)
+    elif step != best["step"]:
+        log.warning(
+            "best_model/ holds step %d (EM %.3f), not the recorded step %d (EM %.3f); "
+            "the next better evaluation rewrites it",
+            step,
+            em,
+            best["step"],
+            best["greedy_em"],
+        )
 
 
 def train(cfg: Config, resume: bool = False, stop_after: int | None = None) -> dict[str, Any]:
@@ -608,6 +653,10 @@ def train(cfg: Config, resume: bool = False, stop_after: int | None = None) -> d
     meta = restore(state, run) if resume else None
     setup.sync_sampler()  # a restored policy (or none: a no-op for a fresh copy)
     summary: dict[str, Any] = dict(meta.get("summary", {})) if meta else {}
+    if meta is not None:
+        run.drop_rollouts_from(state.step)
+        if cfg.train.keep_best:
+            adopt_best_on_disk(run, summary)
     if meta is None:
         if cfg.sft.enabled:
             summary["sft"] = warm_start(setup, run)

@@ -4,6 +4,7 @@ runs/<name>/
   config.yaml          the resolved config
   metrics.jsonl        one JSON object per SFT phase / RL step / evaluation
   trajectories.jsonl   sampled episodes with decoded text, tool calls, rewards, masks
+  rollouts.jsonl       every training episode in one line: question, answer, rewards, advantage
   checkpoints/         atomic checkpoints (step_XXXXXX/)
   plots/training.png   reward, EM, KL, entropy, lengths, tool calls, stop reasons
   report.md            the summary table
@@ -12,6 +13,7 @@ runs/<name>/
 from __future__ import annotations
 
 import json
+import logging
 import math
 import shutil
 import sys
@@ -24,7 +26,9 @@ import yaml
 from agentr1 import configutil
 from agentr1.eval.evaluate import EvalResult, episode_record
 from agentr1.rollout.io import write_trajectories
-from agentr1.types import Task, Trajectory
+from agentr1.types import Task, Trajectory, TrajectoryGroup
+
+log = logging.getLogger(__name__)
 
 
 class _Bar:
@@ -73,12 +77,14 @@ class RunDir:
     OWNED = (
         "metrics.jsonl",
         "trajectories.jsonl",
+        "rollouts.jsonl",
         "eval_episodes.jsonl",
         "checkpoints",
         "plots",
         "report.md",
         "summary.json",
         "final_model",
+        "best_model",
     )
 
     def __init__(self, path: str | Path, cfg: Any, fresh: bool) -> None:
@@ -106,6 +112,44 @@ class RunDir:
         for t in trajs:
             t.metrics["rl_step"] = float(step)
         write_trajectories(self.dir / "trajectories.jsonl", trajs, decode, append=True)
+
+    def log_rollouts(
+        self, step: int, groups: Sequence[TrajectoryGroup], advantages: Sequence[float]
+    ) -> None:
+        """Append one line per episode of an RL step: `episode_record` plus ``step``,
+        ``group``, ``sample``, the rewards and ``advantage`` (the episode's mean over its
+        trained tokens, in the order of the groups' trajectories). A resumed run first
+        drops the lines of the steps it will run again (`drop_rollouts_from`)."""
+        trajs = [(gi, g.task, t) for gi, g in enumerate(groups) for t in g.trajectories]
+        if len(trajs) != len(advantages):
+            raise ValueError(f"{len(trajs)} episodes but {len(advantages)} advantages")
+        with open(self.dir / "rollouts.jsonl", "a", encoding="utf-8") as f:
+            for (gi, task, t), adv in zip(trajs, advantages, strict=True):
+                rec: dict[str, Any] = {"step": step, "group": gi, "sample": t.sample_index}
+                rec.update(episode_record(t, task))
+                rec["reward"] = t.total_reward
+                rec["outcome_reward"] = t.outcome_reward
+                rec["process_reward"] = sum(t.step_rewards)
+                rec["advantage"] = adv
+                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+
+    def drop_rollouts_from(self, step: int) -> None:
+        """Keep only the rollouts.jsonl lines of steps before ``step`` (rewritten beside
+        and renamed into place): on resume, the steps after the checkpoint run again."""
+        path = self.dir / "rollouts.jsonl"
+        if not path.exists():
+            return
+        keep = []
+        with open(path, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                try:
+                    if json.loads(line)["step"] < step:
+                        keep.append(line)
+                except (ValueError, KeyError, TypeError):  # a kill mid-write tears a line
+                    log.warning("%s:%d: not a rollout record, dropped", path, lineno)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(keep), encoding="utf-8")
+        tmp.replace(path)
 
     def log_eval_episodes(
         self, label: str, mode: str, split: str, res: EvalResult, tasks: Sequence[Task]
