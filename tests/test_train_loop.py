@@ -4,6 +4,7 @@ kill-and-resume reproduces an uninterrupted run, and (slow) the demo setting lea
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -237,7 +238,9 @@ def test_eval_episodes_checkpoint_and_extending_a_finished_run(tmp_path: Path) -
     longer = train(cfg, resume=True)
     assert longer["steps"] == 3 and [r["step"] for r in rl_records(tmp_path)] == [0.0, 1.0, 2.0]
     labels = [json.loads(x)["label"] for x in (tmp_path / "eval_episodes.jsonl").open()]
-    assert labels.count("after") == 2 * len([r for r in rows if r["label"] == "after"])
+    n_after = len([r for r in rows if r["label"] == "after"])
+    # the first "after" evaluated step 2's weights and is kept under that name
+    assert labels.count("after") == labels.count("after (step 2)") == n_after
 
 
 def test_release_training_state_frees_what_only_training_needs() -> None:
@@ -291,8 +294,8 @@ def test_keep_best_writes_the_weights_of_the_best_evaluation(
     seen: dict[str, dict[str, torch.Tensor]] = {}
     real = loop.run_eval
 
-    def scripted(setup, label, run=None):  # type: ignore[no-untyped-def]
-        res = real(setup, label, run)
+    def scripted(setup, label, run=None, step=None):  # type: ignore[no-untyped-def]
+        res = real(setup, label, run, step)
         for r in res["greedy"].values():
             r.by_group["all"]["em"] = schedule[label]
         seen[label] = {k: v.detach().clone() for k, v in setup.policy.state_dict().items()}
@@ -378,8 +381,8 @@ def test_keep_best_after_a_resume_knows_the_model_a_killed_attempt_wrote(
     ems["after"] = [0.5]
     real = loop.run_eval
 
-    def scripted(setup, label, run=None):  # type: ignore[no-untyped-def]
-        res = real(setup, label, run)
+    def scripted(setup, label, run=None, step=None):  # type: ignore[no-untyped-def]
+        res = real(setup, label, run, step)
         em = ems[label].pop(0)
         for r in res["greedy"].values():
             r.by_group["all"]["em"] = em
@@ -405,6 +408,14 @@ def test_keep_best_after_a_resume_knows_the_model_a_killed_attempt_wrote(
     summary = train(cfg, resume=True)
     assert summary["best_model"] == {"step": 3, "greedy_em": 0.6, "before_resume": True}
     assert ems == {k: [] for k in ems}  # every scripted evaluation ran
+    # the killed attempt's step-3 evaluation was dropped: one record per question and label
+    recs = [json.loads(x) for x in (tmp_path / "eval_episodes.jsonl").open()]
+    per_label = Counter(r["label"] for r in recs)
+    assert set(per_label) == {"before", "step 1", "step 2", "step 3", "step 4", "after"}
+    assert len(set(per_label.values())) == 1
+    for r in recs:  # the RL step of the weights each evaluation saw
+        want = {"before": 0, "after": 4}.get(r["label"])
+        assert r["step"] == (int(r["label"].removeprefix("step ")) if want is None else want)
     # a fresh run in the same directory starts over: the old best_model/ is removed first
     ems.update({"before": [0.0], "step 1": [0.0], "step 2": [0.0], "step 3": [0.0]})
     ems.update({"step 4": [0.0], "after": [0.0]})

@@ -508,10 +508,11 @@ def warm_start(setup: Setup, run: RunDir) -> dict[str, float]:
 
 
 def run_eval(
-    setup: Setup, label: str, run: RunDir | None = None
+    setup: Setup, label: str, run: RunDir | None = None, step: int | None = None
 ) -> dict[str, dict[str, EvalResult]]:
     """Greedy and sampled evaluation on every configured split; with ``run``, every
-    episode also goes to ``eval_episodes.jsonl`` under ``label`` (for paired tests)."""
+    episode also goes to ``eval_episodes.jsonl`` under ``label`` and ``step`` (the RL step
+    of the weights) for paired tests."""
     cfg = setup.cfg
     setup.policy.eval()
     out: dict[str, dict[str, EvalResult]] = {"greedy": {}, "sampled": {}}
@@ -536,7 +537,7 @@ def run_eval(
             )
             out[mode][split] = res
             if run is not None:
-                run.log_eval_episodes(label, mode, split, res, tasks)
+                run.log_eval_episodes(label, mode, split, res, tasks, step)
     log.info("eval %s: %s", label, {k: {s: r.em for s, r in v.items()} for k, v in out.items()})
     return out
 
@@ -654,14 +655,14 @@ def train(cfg: Config, resume: bool = False, stop_after: int | None = None) -> d
     setup.sync_sampler()  # a restored policy (or none: a no-op for a fresh copy)
     summary: dict[str, Any] = dict(meta.get("summary", {})) if meta else {}
     if meta is not None:
-        run.drop_rollouts_from(state.step)
+        run.prepare_resume(state.step)
         if cfg.train.keep_best:
             adopt_best_on_disk(run, summary)
     if meta is None:
         if cfg.sft.enabled:
             summary["sft"] = warm_start(setup, run)
         if cfg.eval.before:
-            before = run_eval(setup, "before", run)
+            before = run_eval(setup, "before", run, 0)
             summary["eval_before"] = eval_record(before)
             run.log_metrics({"phase": "eval_before", **summary["eval_before"]})
             keep_if_best(setup, run, summary, before, 0)
@@ -681,7 +682,7 @@ def train(cfg: Config, resume: bool = False, stop_after: int | None = None) -> d
         run.log_metrics({"phase": "rl", **metrics})
         bar.update_with(reward=metrics["reward"], em=metrics["em"], turns=metrics["turns"])
         if cfg.train.eval_every and state.step % cfg.train.eval_every == 0:
-            res = run_eval(setup, f"step {state.step}", run)
+            res = run_eval(setup, f"step {state.step}", run, state.step)
             run.log_metrics({"phase": "eval", "step": state.step, **eval_record(res)})
             keep_if_best(setup, run, summary, res, state.step)
         if cfg.train.checkpoint_every and state.step % cfg.train.checkpoint_every == 0:
@@ -695,7 +696,7 @@ def train(cfg: Config, resume: bool = False, stop_after: int | None = None) -> d
     if state.step == 0 and "eval_before" in summary:  # no RL step: the same weights
         summary["eval_after"] = summary["eval_before"]
     else:
-        after = run_eval(setup, "after", run)
+        after = run_eval(setup, "after", run, state.step)
         summary["eval_after"] = eval_record(after)
         if not (cfg.train.eval_every and state.step % cfg.train.eval_every == 0):
             keep_if_best(setup, run, summary, after, state.step)  # not evaluated yet

@@ -119,7 +119,7 @@ class RunDir:
         """Append one line per episode of an RL step: `episode_record` plus ``step``,
         ``group``, ``sample``, the rewards and ``advantage`` (the episode's mean over its
         trained tokens, in the order of the groups' trajectories). A resumed run first
-        drops the lines of the steps it will run again (`drop_rollouts_from`)."""
+        drops the lines of the steps it will run again (`prepare_resume`)."""
         trajs = [(gi, g.task, t) for gi, g in enumerate(groups) for t in g.trajectories]
         if len(trajs) != len(advantages):
             raise ValueError(f"{len(trajs)} episodes but {len(advantages)} advantages")
@@ -133,34 +133,66 @@ class RunDir:
                 rec["advantage"] = adv
                 f.write(json.dumps(rec, ensure_ascii=False) + "\n")
 
-    def drop_rollouts_from(self, step: int) -> None:
-        """Keep only the rollouts.jsonl lines of steps before ``step`` (rewritten beside
-        and renamed into place): on resume, the steps after the checkpoint run again."""
-        path = self.dir / "rollouts.jsonl"
+    def prepare_resume(self, step: int) -> None:
+        """Before a run resumes from its step-``step`` checkpoint, make the episode logs
+        say what happened once: rollouts.jsonl keeps the steps before ``step``;
+        eval_episodes.jsonl drops the "step N" evaluations with N > ``step`` (they run
+        again) and renames an earlier attempt's "after" to "after (step K)", K the step
+        it evaluated, so that ``--where label=...`` picks one evaluation per question."""
+
+        def rollout(rec: dict[str, Any]) -> dict[str, Any] | None:
+            return rec if rec["step"] < step else None
+
+        def evaluated(rec: dict[str, Any]) -> dict[str, Any] | None:
+            label = rec["label"]
+            if label.startswith("step ") and int(label[5:]) > step:
+                return None
+            if label == "after":
+                rec["label"] = f"after (step {rec.get('step', step)})"
+            return rec
+
+        self._rewrite("rollouts.jsonl", rollout)
+        self._rewrite("eval_episodes.jsonl", evaluated)
+
+    def _rewrite(self, name: str, keep: Callable[[dict[str, Any]], dict[str, Any] | None]) -> None:
+        """Rewrite a JSONL log through ``keep`` (None drops a line), beside the file and
+        renamed into place. A line that is not a record (a kill mid-write tears the last
+        one) is dropped with a warning."""
+        path = self.dir / name
         if not path.exists():
             return
-        keep = []
+        out = []
         with open(path, encoding="utf-8") as f:
             for lineno, line in enumerate(f, 1):
                 try:
-                    if json.loads(line)["step"] < step:
-                        keep.append(line)
-                except (ValueError, KeyError, TypeError):  # a kill mid-write tears a line
-                    log.warning("%s:%d: not a rollout record, dropped", path, lineno)
+                    rec = keep(json.loads(line))
+                except (ValueError, KeyError, TypeError, AttributeError):
+                    log.warning("%s:%d: not a record, dropped", path, lineno)
+                    continue
+                if rec is not None:
+                    out.append(json.dumps(rec, ensure_ascii=False) + "\n")
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(keep), encoding="utf-8")
+        tmp.write_text("".join(out), encoding="utf-8")
         tmp.replace(path)
 
     def log_eval_episodes(
-        self, label: str, mode: str, split: str, res: EvalResult, tasks: Sequence[Task]
+        self,
+        label: str,
+        mode: str,
+        split: str,
+        res: EvalResult,
+        tasks: Sequence[Task],
+        step: int | None = None,
     ) -> None:
         """Append one line per evaluated episode (`episode_record`) to
         ``eval_episodes.jsonl``, tagged with ``label`` ("before", "after", "step N"), the
-        mode (greedy / sampled) and the split."""
+        mode (greedy / sampled), the split and the RL ``step`` of the weights evaluated."""
         by_id = {t.id: t for t in tasks}
         with open(self.dir / "eval_episodes.jsonl", "a", encoding="utf-8") as f:
             for t in res.trajectories:
-                rec = {"label": label, "mode": mode, "split": split}
+                rec: dict[str, Any] = {"label": label, "mode": mode, "split": split}
+                if step is not None:
+                    rec["step"] = step
                 rec.update(episode_record(t, by_id[t.task_id]))
                 f.write(json.dumps(rec, ensure_ascii=False) + "\n")
 
