@@ -172,10 +172,10 @@ def test_last_rl_step_is_checkpointed_before_the_final_eval(
 
     real_eval = loop.run_eval
 
-    def killed_after_rl(setup, label, run=None):  # type: ignore[no-untyped-def]
+    def killed_after_rl(setup, label, run=None, step=None):  # type: ignore[no-untyped-def]
         if label == "after":
             raise MemoryError("killed in the final eval")
-        return real_eval(setup, label, run)
+        return real_eval(setup, label, run, step)
 
     monkeypatch.setattr(loop, "run_eval", killed_after_rl)
     cfg = load_config(
