@@ -177,6 +177,7 @@ def outside_tasks(
     skip: int = 0,
     answer_top_k: int = 5,
     answer_after: int = 0,
+    drop_yes_no: bool = False,
 ) -> tuple[dict[str, list[Task]], str]:
     """``q_<dataset>`` -> questions of ``files`` (any question format; question-only files
     are the point) that no file of the recipe holds, kept only when a search of the
@@ -191,7 +192,10 @@ def outside_tasks(
     start on. ``answer_after`` K drops the questions whose answer is already in the top K,
     for a pool the first pool does not overlap (``answer_top_k`` 10, ``answer_after`` 5:
     the answer first shows at ranks 6-10, so one search of the question with the tool's
-    top-k of at most 5 does not show it).
+    top-k of at most 5 does not show it). ``drop_yes_no`` leaves out the questions whose
+    answer is "yes" or "no": the word in a passage is no evidence, so the rule admits "no"
+    by chance and almost never "yes" (all 96 yes/no questions of the 716 pool of
+    RESULTS.md are "no"), and a model that always says "no" scores 1.0 on them.
 
     Questions are deduplicated across ``files`` (`dedupe`), dropped when their id or
     normalized question is in any train or eval file of the recipe (all of each file, not
@@ -229,6 +233,11 @@ def outside_tasks(
         for s in samples
         if s.id not in seen_ids and normalize_question(s.question) not in seen_questions
     ]
+    n_yes_no = 0
+    if drop_yes_no:
+        before = len(new)
+        new = [s for s in new if not any(a.strip().lower() in ("yes", "no") for a in s.answers)]
+        n_yes_no = before - len(new)
     retriever = retriever_from_spec(qa.retriever, data.passages)
     hits = retriever.search_batch([s.question for s in new], answer_top_k)
     words = cfg.task.passage_words
@@ -245,7 +254,9 @@ def outside_tasks(
     out, taken = take_by_dataset([s.to_task() for s in kept], "q_", qa.split_seed, take, skip)
     note = (
         f"outside questions: {len(read)} in {len(paths)} file(s), {len(samples)} distinct, "
-        f"{len(new)} in no recipe file, {len(kept)} with an answer in the top "
+        f"{len(new) + n_yes_no} in no recipe file, "
+        + (f"{len(new)} not yes/no, " if drop_yes_no else "")
+        + f"{len(kept)} with an answer in the top "
         f"{answer_top_k} passages for the question"
         + (f" but not in the top {answer_after}" if answer_after else "")
         + f"; {taken}"
@@ -332,6 +343,11 @@ def main() -> None:
         metavar="K",
         help="--questions: ...but not in the top K (a pool apart from the one of --answer-top-k K)",
     )
+    ap.add_argument(
+        "--drop-yes-no",
+        action="store_true",
+        help="--questions: leave out yes/no questions (the rule admits 'no' ones by chance)",
+    )
     ap.add_argument("--recipe", default=str(RECIPE))
     ap.add_argument("overrides", nargs="*", help="section.field=value")
     args = ap.parse_args()
@@ -359,7 +375,13 @@ def main() -> None:
     base = load_config(args.recipe, args.overrides)
     if args.questions:
         tasks, note = outside_tasks(
-            base, args.questions, args.take, args.skip, args.answer_top_k, args.answer_after
+            base,
+            args.questions,
+            args.take,
+            args.skip,
+            args.answer_top_k,
+            args.answer_after,
+            args.drop_yes_no,
         )
     elif args.train_pool is None:
         tasks, note = fresh_tasks(base, args.take, args.splits, args.skip)

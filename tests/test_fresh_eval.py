@@ -328,3 +328,25 @@ def test_the_script_tests_on_outside_questions(
     monkeypatch.setattr(sys, "argv", [*argv, "--questions", outside, "--train-pool", "0"])
     with pytest.raises(SystemExit):
         fresh_eval.main()  # two ways of choosing the questions
+
+
+def test_drop_yes_no_leaves_out_the_questions_a_passage_word_admits(tmp_path: Path) -> None:
+    dev_records = [ircot_record(i) for i in range(10)]
+    dev_records[8]["contexts"][2]["paragraph_text"] = "Unrelated, no doubt."
+    dev = write_jsonl(tmp_path / "dev.jsonl", dev_records)
+    train = write_jsonl(tmp_path / "train.jsonl", [ircot_record(i) for i in range(20, 30)])
+    qa = QAConfig(train=[train], eval={"dev": [dev]}, n_eval=2, retriever="bm25", data_dir="/")
+    cfg = Config(task=TaskConfig(kind="qa", qa=qa))
+    records = [
+        {"idx": 0, "question": "Which town was person 7 born in?", "answer": "town 7"},
+        {"idx": 1, "question": "Is town 8 near a poet?", "answer": "no"},
+    ]
+    outside = write_jsonl(tmp_path / "hotpot_questions.jsonl", records)
+    kept, _ = outside_tasks(cfg, [outside], take=10)
+    assert {t.id for ts in kept.values() for t in ts} == {
+        "hotpot_questions:0",
+        "hotpot_questions:1",
+    }
+    dropped, note = outside_tasks(cfg, [outside], take=10, drop_yes_no=True)
+    assert {t.id for ts in dropped.values() for t in ts} == {"hotpot_questions:0"}
+    assert "2 in no recipe file, 1 not yes/no, 1 with an answer in the top 5" in note
