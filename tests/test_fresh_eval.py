@@ -150,11 +150,20 @@ def test_outside_questions_are_in_no_recipe_file_and_answerable_by_a_search(
         outside_tasks(cfg, [outside], take=1, answer_top_k=0)
 
 
-def test_answer_after_gives_a_pool_apart_from_the_top_k_one(tmp_path: Path) -> None:
-    dev = write_jsonl(tmp_path / "dev.jsonl", [ircot_record(i) for i in range(10)])
+def small_recipe(tmp_path: Path, no_in_passage: bool = False) -> Config:
+    """A BM25 recipe over 10 dev + 10 train IRCoT questions; ``no_in_passage`` puts the
+    word "no" in one passage ("Other 8")."""
+    dev_records = [ircot_record(i) for i in range(10)]
+    if no_in_passage:
+        dev_records[8]["contexts"][2]["paragraph_text"] = "Unrelated, no doubt."
+    dev = write_jsonl(tmp_path / "dev.jsonl", dev_records)
     train = write_jsonl(tmp_path / "train.jsonl", [ircot_record(i) for i in range(20, 30)])
     qa = QAConfig(train=[train], eval={"dev": [dev]}, n_eval=2, retriever="bm25", data_dir="/")
-    cfg = Config(task=TaskConfig(kind="qa", qa=qa))
+    return Config(task=TaskConfig(kind="qa", qa=qa))
+
+
+def test_answer_after_gives_a_pool_apart_from_the_top_k_one(tmp_path: Path) -> None:
+    cfg = small_recipe(tmp_path)
     # "What is town i near?" ranks "Town i: Born in town i." first, "Person i: Person i is
     # a poet." second and "Other i: Unrelated." third.
     records = [
@@ -331,12 +340,7 @@ def test_the_script_tests_on_outside_questions(
 
 
 def test_drop_yes_no_leaves_out_the_questions_a_passage_word_admits(tmp_path: Path) -> None:
-    dev_records = [ircot_record(i) for i in range(10)]
-    dev_records[8]["contexts"][2]["paragraph_text"] = "Unrelated, no doubt."
-    dev = write_jsonl(tmp_path / "dev.jsonl", dev_records)
-    train = write_jsonl(tmp_path / "train.jsonl", [ircot_record(i) for i in range(20, 30)])
-    qa = QAConfig(train=[train], eval={"dev": [dev]}, n_eval=2, retriever="bm25", data_dir="/")
-    cfg = Config(task=TaskConfig(kind="qa", qa=qa))
+    cfg = small_recipe(tmp_path, no_in_passage=True)
     records = [
         {"idx": 0, "question": "Which town was person 7 born in?", "answer": "town 7"},
         {"idx": 1, "question": "Is town 8 near a poet?", "answer": "no"},
