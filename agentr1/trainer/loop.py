@@ -654,10 +654,6 @@ def train(cfg: Config, resume: bool = False, stop_after: int | None = None) -> d
     meta = restore(state, run) if resume else None
     setup.sync_sampler()  # a restored policy (or none: a no-op for a fresh copy)
     summary: dict[str, Any] = dict(meta.get("summary", {})) if meta else {}
-    if meta is not None:
-        run.prepare_resume(state.step)
-        if cfg.train.keep_best:
-            adopt_best_on_disk(run, summary)
     if meta is None:
         if cfg.sft.enabled:
             summary["sft"] = warm_start(setup, run)
@@ -670,6 +666,10 @@ def train(cfg: Config, resume: bool = False, stop_after: int | None = None) -> d
         if state.reference is not None:
             state.reference.load_state_dict(setup.policy.state_dict())
         checkpoint(state, run, {"summary": summary})
+    else:
+        run.prepare_resume(state.step)
+        if cfg.train.keep_best:
+            adopt_best_on_disk(run, summary)
     bar = run.progress(cfg.train.steps, f"RL ({cfg.algo.estimator})", initial=state.step)
     done_here = 0
     while state.step < cfg.train.steps:
