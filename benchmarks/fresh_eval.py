@@ -287,6 +287,30 @@ def check_draws(model_dir: Path, rl_draws: int, seed: int) -> None:
         )
 
 
+def pool_scores(path: Path, metric: str, ids: set[str]) -> dict[str, float]:
+    """``metric`` per question of the episode file ``path``, for the questions ``ids`` only.
+
+    A model's records are written once and reused by later calls, so records written for a
+    larger pool (the same questions with the yes/no ones, say) serve a subset of it without
+    re-running the model; a file that lacks some of ``ids`` was written for other questions
+    and is refused, naming it, rather than paired on fewer questions than the table says."""
+    from agentr1.eval.compare import load_records
+
+    try:
+        records = load_records(path, [metric])
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    out = {k: float(r[metric]) for k, r in records.items() if str(r["task_id"]) in ids}
+    missing = ids - {str(r["task_id"]) for r in records.values()}
+    if missing:
+        raise SystemExit(
+            f"{path}: no record for {len(missing)} of the {len(ids)} questions (e.g. "
+            f"{sorted(missing)[0]!r}); it was written for other questions - remove it to "
+            "evaluate this model on these"
+        )
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -368,7 +392,7 @@ def main() -> None:
         ap.error(f"every --model and --naive-rag needs its own NAME (got {', '.join(names)})")
 
     from agentr1.eval.baselines import naive_rag
-    from agentr1.eval.compare import load_scores, paired
+    from agentr1.eval.compare import paired
     from agentr1.eval.evaluate import episode_record, evaluate
     from agentr1.trainer.setup import build_setup
 
@@ -392,9 +416,11 @@ def main() -> None:
     print(note, flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     rag_names = {name for name, _ in rag}
+    ids = {t.id for ts in tasks.values() for t in ts}
     for name, path in models + rag:
         records = args.out / f"{name}.jsonl"
         if records.exists():
+            pool_scores(records, "em", ids)  # refuse a file for other questions before any eval
             continue
         setup = build_setup(load_config(args.recipe, [*args.overrides, f"model.path={path}"]))
         setup.policy.eval()
@@ -438,7 +464,7 @@ def main() -> None:
 
     ref = models[0][0]
     scores = {
-        (name, m): load_scores(args.out / f"{name}.jsonl", m)
+        (name, m): pool_scores(args.out / f"{name}.jsonl", m, ids)
         for name, _ in models + rag
         for m in ("em", "f1")
     }

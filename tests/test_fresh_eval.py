@@ -354,3 +354,32 @@ def test_drop_yes_no_leaves_out_the_questions_a_passage_word_admits(tmp_path: Pa
     dropped, note = outside_tasks(cfg, [outside], take=10, drop_yes_no=True)
     assert {t.id for ts in dropped.values() for t in ts} == {"hotpot_questions:0"}
     assert "2 in no recipe file, 1 not yes/no, 1 with an answer in the top 5" in note
+
+
+def test_records_of_a_larger_pool_are_reused_and_a_smaller_one_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, recipe = tiny_qa_recipe(tmp_path, 6, tokens_per_turn=4)
+    outside = write_jsonl(
+        tmp_path / "hotpot_outside.jsonl",
+        [
+            {"idx": 0, "question": "Which town was person 3 born in?", "answer": "town 3"},
+            {"idx": 1, "question": "Which town was person 5 born in?", "answer": "town 5"},
+        ],
+    )
+    out = tmp_path / "out"
+    argv = ["fresh_eval.py", "--out", str(out), "--recipe", str(recipe), "--questions", outside]
+    monkeypatch.setattr(sys, "argv", [*argv, "--model", f"a={model}"])
+    fresh_eval.main()
+    assert len((out / "a.jsonl").read_text().splitlines()) == 2
+    # One question of the two: a's records are reused (not re-run), b is evaluated on it.
+    monkeypatch.setattr(sys, "argv", [*argv, "--take", "1", "--model", f"a={model}"])
+    monkeypatch.setattr(sys, "argv", [*sys.argv, "--model", f"b={model}"])
+    fresh_eval.main()
+    assert len((out / "a.jsonl").read_text().splitlines()) == 2
+    assert len((out / "b.jsonl").read_text().splitlines()) == 1
+    assert "| b | all | 1 |" in (out / "fresh.md").read_text()
+    # Both questions again: b's file lacks one, so it is refused before a word is generated.
+    monkeypatch.setattr(sys, "argv", [*argv, "--model", f"a={model}", "--model", f"b={model}"])
+    with pytest.raises(SystemExit, match=r"b\.jsonl: no record for 1 of the 2 questions"):
+        fresh_eval.main()
