@@ -333,3 +333,26 @@ def test_save_model_mid_run_writes_a_plain_model_and_leaves_the_adapters(tmp_pat
     again = AutoModelForCausalLM.from_pretrained(tmp_path / "best_model")
     torch.testing.assert_close(logits(again), logits(model), atol=1e-4, rtol=1e-4)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best_model"]
+
+
+def test_a_lora_run_evaluates_the_merged_model_again_after_the_last_periodic_eval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full fine-tune reuses the last step's periodic evaluation as the final one; merging
+    adapters changes the arithmetic, so an adapted run scores its merged model itself."""
+    from agentr1.trainer import loop
+
+    labels: list[str] = []
+    real = loop.run_eval
+
+    def spy(setup, label, run=None, step=None):  # type: ignore[no-untyped-def]
+        labels.append(label)
+        return real(setup, label, run, step)
+
+    monkeypatch.setattr(loop, "run_eval", spy)
+    common = [*SMALL, "sft.steps=4", "train.steps=1", "train.eval_every=1", "eval.sampled_n=0"]
+    train(load_config(None, [*common, "model.lora.rank=4", f"train.run_dir={tmp_path / 'a'}"]))
+    assert labels == ["before", "step 1", "after"]
+    labels.clear()
+    train(load_config(None, [*common, f"train.run_dir={tmp_path / 'b'}"]))
+    assert labels == ["before", "step 1"]

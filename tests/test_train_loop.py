@@ -315,7 +315,12 @@ def test_keep_best_writes_the_weights_of_the_best_evaluation(
         ],
     )
     summary = train(cfg)
-    assert sorted(seen) == ["after", "before", "step 1", "step 2", "step 3"]
+    # The last step's periodic evaluation is the final one: scored once, logged as both.
+    assert sorted(seen) == ["before", "step 1", "step 2", "step 3"]
+    recs = [json.loads(x) for x in (tmp_path / "eval_episodes.jsonl").open()]
+    final = [{**r, "label": "-"} for r in recs if r["label"] == "after"]
+    assert final and final == [{**r, "label": "-"} for r in recs if r["label"] == "step 3"]
+    assert {g["all"]["em"] for g in summary["eval_after"]["greedy"].values()} == {0.5}
     assert summary["best_model"] == {"step": 1, "greedy_em": 0.5}
     best = load_file(str(tmp_path / "best_model" / "model.safetensors"))
     at_1, at_3 = seen["step 1"], seen["step 3"]
@@ -378,7 +383,6 @@ def test_keep_best_after_a_resume_knows_the_model_a_killed_attempt_wrote(
     from agentr1.trainer import loop
 
     ems = {"before": [0.1], "step 1": [0.2], "step 2": [0.3], "step 3": [0.6, 0.4], "step 4": [0.5]}
-    ems["after"] = [0.5]
     real = loop.run_eval
 
     def scripted(setup, label, run=None, step=None):  # type: ignore[no-untyped-def]
@@ -418,6 +422,6 @@ def test_keep_best_after_a_resume_knows_the_model_a_killed_attempt_wrote(
         assert r["step"] == (int(r["label"].removeprefix("step ")) if want is None else want)
     # a fresh run in the same directory starts over: the old best_model/ is removed first
     ems.update({"before": [0.0], "step 1": [0.0], "step 2": [0.0], "step 3": [0.0]})
-    ems.update({"step 4": [0.0], "after": [0.0]})
+    ems.update({"step 4": [0.0]})
     fresh = train(cfg)
     assert fresh["best_model"] == {"step": 0, "greedy_em": 0.0}

@@ -517,9 +517,7 @@ def run_eval(
     setup.policy.eval()
     out: dict[str, dict[str, EvalResult]] = {"greedy": {}, "sampled": {}}
     for split in cfg.eval.splits:
-        tasks = setup.tasks[split]
-        if cfg.eval.max_tasks:
-            tasks = tasks[: cfg.eval.max_tasks]
+        tasks = eval_tasks(setup, split)
         modes = [("greedy", 0.0, 1, 1)]
         if cfg.eval.sampled_n:
             modes.append(("sampled", cfg.eval.temperature, cfg.eval.sampled_n, 2))
@@ -536,10 +534,25 @@ def run_eval(
                 batch_tasks=cfg.eval.batch_tasks,
             )
             out[mode][split] = res
-            if run is not None:
-                run.log_eval_episodes(label, mode, split, res, tasks, step)
+    if run is not None:
+        log_eval(setup, run, label, out, step)
     log.info("eval %s: %s", label, {k: {s: r.em for s, r in v.items()} for k, v in out.items()})
     return out
+
+
+def eval_tasks(setup: Setup, split: str) -> list[Task]:
+    """The questions `run_eval` scores on ``split``: the first ``eval.max_tasks``."""
+    tasks = list(setup.tasks[split])
+    return tasks[: setup.cfg.eval.max_tasks] if setup.cfg.eval.max_tasks else tasks
+
+
+def log_eval(
+    setup: Setup, run: RunDir, label: str, res: dict[str, dict[str, EvalResult]], step: int | None
+) -> None:
+    """Every episode of a `run_eval` result to ``eval_episodes.jsonl`` under ``label``."""
+    for mode, per in res.items():
+        for split, r in per.items():
+            run.log_eval_episodes(label, mode, split, r, eval_tasks(setup, split), step)
 
 
 def eval_record(res: dict[str, dict[str, EvalResult]]) -> dict[str, Any]:
@@ -672,6 +685,7 @@ def train(cfg: Config, resume: bool = False, stop_after: int | None = None) -> d
             adopt_best_on_disk(run, summary)
     bar = run.progress(cfg.train.steps, f"RL ({cfg.algo.estimator})", initial=state.step)
     done_here = 0
+    last_eval: tuple[int, dict[str, dict[str, EvalResult]]] | None = None
     while state.step < cfg.train.steps:
         if stop_after is not None and done_here >= stop_after:
             bar.close()
@@ -683,6 +697,7 @@ def train(cfg: Config, resume: bool = False, stop_after: int | None = None) -> d
         bar.update_with(reward=metrics["reward"], em=metrics["em"], turns=metrics["turns"])
         if cfg.train.eval_every and state.step % cfg.train.eval_every == 0:
             res = run_eval(setup, f"step {state.step}", run, state.step)
+            last_eval = (state.step, res)
             run.log_metrics({"phase": "eval", "step": state.step, **eval_record(res)})
             keep_if_best(setup, run, summary, res, state.step)
         if cfg.train.checkpoint_every and state.step % cfg.train.checkpoint_every == 0:
@@ -692,9 +707,15 @@ def train(cfg: Config, resume: bool = False, stop_after: int | None = None) -> d
         # The trained weights are on disk before the final eval (which can be killed).
         checkpoint(state, run, {"summary": summary})
     release_training_state(state)  # the eval needs only the policy and its sampler copy
-    lora.unload(setup.policy)  # a plain model from here on: eval, then save
+    adapted = lora.unload(setup.policy) > 0  # a plain model from here on: eval, then save
     if state.step == 0 and "eval_before" in summary:  # no RL step: the same weights
         summary["eval_after"] = summary["eval_before"]
+    elif last_eval is not None and last_eval[0] == state.step and not adapted:
+        # The periodic evaluation of this step scored these very weights: its episodes
+        # are the final evaluation's too (merging adapters changes the arithmetic, so an
+        # adapted model is evaluated again).
+        log_eval(setup, run, "after", last_eval[1], state.step)
+        summary["eval_after"] = eval_record(last_eval[1])
     else:
         after = run_eval(setup, "after", run, state.step)
         summary["eval_after"] = eval_record(after)
