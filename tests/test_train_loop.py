@@ -143,6 +143,9 @@ def test_kill_and_resume_matches_uninterrupted_run(tmp_path: Path) -> None:
     ra = (tmp_path / "full" / "rollouts.jsonl").read_text().splitlines()
     rb = (tmp_path / "part" / "rollouts.jsonl").read_text().splitlines()
     assert len(ra) == 4 * 2 * 2 and ra == rb  # steps x tasks x samples, identical
+    ta = (tmp_path / "full" / "trajectories.jsonl").read_text().splitlines()
+    tb = (tmp_path / "part" / "trajectories.jsonl").read_text().splitlines()
+    assert len(ta) == 4 and ta == tb  # one sample episode a step (log_trajectories=1)
     s_full = json.loads((tmp_path / "full" / "summary.json").read_text())
     s_part = json.loads((tmp_path / "part" / "summary.json").read_text())
     assert s_full["eval_after"] == s_part["eval_after"]

@@ -135,13 +135,16 @@ class RunDir:
 
     def prepare_resume(self, step: int) -> None:
         """Before a run resumes from its step-``step`` checkpoint, make the episode logs
-        say what happened once: rollouts.jsonl keeps the steps before ``step``;
-        eval_episodes.jsonl drops the "step N" evaluations with N > ``step`` (they run
+        say what happened once: rollouts.jsonl and trajectories.jsonl keep the steps
+        before ``step``; eval_episodes.jsonl drops the "step N" evaluations with N > ``step`` (they run
         again) and renames an earlier attempt's "after" to "after (step K)", K the step
         it evaluated, so that ``--where label=...`` picks one evaluation per question."""
 
         def rollout(rec: dict[str, Any]) -> dict[str, Any] | None:
             return rec if rec["step"] < step else None
+
+        def sampled(rec: dict[str, Any]) -> dict[str, Any] | None:
+            return rec if rec["metrics"]["rl_step"] < step else None
 
         def evaluated(rec: dict[str, Any]) -> dict[str, Any] | None:
             label = rec["label"]
@@ -152,6 +155,7 @@ class RunDir:
             return rec
 
         self._rewrite("rollouts.jsonl", rollout)
+        self._rewrite("trajectories.jsonl", sampled)
         self._rewrite("eval_episodes.jsonl", evaluated)
 
     def _rewrite(self, name: str, keep: Callable[[dict[str, Any]], dict[str, Any] | None]) -> None:
