@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agentr1.config import Config, load_config
+from agentr1.fileio import write_atomic
 from agentr1.types import Task
 
 if TYPE_CHECKING:
@@ -458,9 +459,7 @@ def main() -> None:
                 f"{g['tool_calls']:.2f} ({len(ts)} q, {time.perf_counter() - t0:.0f} s)",
                 flush=True,
             )
-        tmp = records.with_suffix(".tmp")
-        tmp.write_text("\n".join(lines) + "\n")
-        tmp.replace(records)
+        write_atomic(records, "\n".join(lines) + "\n")
 
     ref = models[0][0]
     scores = {

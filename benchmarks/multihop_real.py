@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from agentr1.config import Config, load_config
+from agentr1.fileio import write_atomic
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "multihop_smollm2.yaml"
 VARIANTS = {"grpo": ["algo.estimator=grpo"], "ppo": ["algo.estimator=gae"]}
@@ -82,9 +83,7 @@ def baselines(args: argparse.Namespace) -> None:
             f"({time.perf_counter() - t0:.0f} s)",
             flush=True,
         )
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(res, indent=1))
-    tmp.replace(out)
+    write_atomic(out, json.dumps(res, indent=1))
 
 
 def warm(args: argparse.Namespace) -> None:

@@ -25,6 +25,7 @@ from typing import Any
 from agentr1.config import QA_EVAL_FILES
 from agentr1.eval.baselines import METHOD_LABELS, METHODS
 from agentr1.eval.evaluate import EvalResult, episode_record
+from agentr1.fileio import write_atomic
 from agentr1.retrieval.base import Passage
 from agentr1.types import Task
 
@@ -214,8 +215,8 @@ def write_results(
     out_dir.mkdir(parents=True, exist_ok=True)
     js, md = out_dir / "results.json", out_dir / "results.md"
     payload = {"meta": meta, "rows": [dataclasses.asdict(r) for r in rows]}
-    js.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
-    md.write_text(markdown_report(rows, meta), encoding="utf-8")
+    write_atomic(js, json.dumps(payload, indent=2) + "\n")
+    write_atomic(md, markdown_report(rows, meta))
     return js, md
 
 
@@ -380,6 +381,6 @@ def run_job(job: EvalJob, command: str = "") -> tuple[list[ResultRow], Path, Pat
         "corpus_passages": len(data.passages),
         "seconds": time.perf_counter() - t0,
     }
-    (out_dir / "episodes.jsonl").write_text("".join(e + "\n" for e in episodes), encoding="utf-8")
+    write_atomic(out_dir / "episodes.jsonl", "".join(e + "\n" for e in episodes))
     js, md = write_results(out_dir, rows, meta)
     return rows, js, md

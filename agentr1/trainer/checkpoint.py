@@ -25,6 +25,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from agentr1.fileio import write_atomic
+
 STATE_FILE = "state.pt"
 META_FILE = "meta.json"
 
@@ -145,11 +147,7 @@ def update_checkpoint_meta(path: str | Path | None, meta: dict[str, Any]) -> Non
         raise FileNotFoundError("no checkpoint to update")
     f = Path(path) / META_FILE
     old = json.loads(f.read_text())
-    tmp = f.with_name(f".{META_FILE}.{os.getpid()}")
-    tmp.write_text(json.dumps({**old, **meta, "step": old["step"]}, indent=1))
-    with open(tmp, "rb") as fh:
-        os.fsync(fh.fileno())
-    os.replace(tmp, f)
+    write_atomic(f, json.dumps({**old, **meta, "step": old["step"]}, indent=1), durable=True)
 
 
 def latest_checkpoint(root: str | Path) -> Path | None:

@@ -25,6 +25,7 @@ import yaml
 
 from agentr1 import configutil
 from agentr1.eval.evaluate import EvalResult, episode_record
+from agentr1.fileio import write_atomic
 from agentr1.rollout.io import write_trajectories
 from agentr1.types import Task, Trajectory, TrajectoryGroup
 
@@ -175,9 +176,7 @@ class RunDir:
                     continue
                 if rec is not None:
                     out.append(json.dumps(rec, ensure_ascii=False) + "\n")
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(out), encoding="utf-8")
-        tmp.replace(path)
+        write_atomic(path, "".join(out))
 
     def log_eval_episodes(
         self,
@@ -255,10 +254,10 @@ class RunDir:
 
     def finish(self, summary: dict[str, Any]) -> str:
         """Write summary.json, plots and report.md; print and return the table."""
-        (self.dir / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
+        write_atomic(self.dir / "summary.json", json.dumps(summary, indent=1, default=float))
         self.plot()
         table = summary_table(summary)
-        (self.dir / "report.md").write_text(f"# Run report\n\n{table}\n")
+        write_atomic(self.dir / "report.md", f"# Run report\n\n{table}\n")
         print("\n" + table, flush=True)
         return table
 

@@ -1,0 +1,37 @@
+"""`agentr1.fileio.write_atomic`: the old file or the new one, never a torn one."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from agentr1 import fileio
+
+
+def test_writes_and_replaces_with_a_plain_files_permissions(tmp_path: Path) -> None:
+    path = tmp_path / "summary.json"
+    fileio.write_atomic(path, "{}\n")
+    fileio.write_atomic(path, '{"steps": 3}\n', durable=True)
+    assert path.read_text() == '{"steps": 3}\n'
+    plain = tmp_path / "plain.txt"
+    plain.write_text("x")
+    assert path.stat().st_mode == plain.stat().st_mode
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plain.txt", "summary.json"]
+
+
+def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "summary.json"
+    path.write_text("old\n")
+
+    def full_disk(*args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        fileio.write_atomic(path, "new\n")
+    assert path.read_text() == "old\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]
