@@ -179,6 +179,7 @@ def outside_tasks(
     answer_top_k: int = 5,
     answer_after: int = 0,
     drop_yes_no: bool = False,
+    max_answer_chance: float = 1.0,
 ) -> tuple[dict[str, list[Task]], str]:
     """``q_<dataset>`` -> questions of ``files`` (any question format; question-only files
     are the point) that no file of the recipe holds, kept only when a search of the
@@ -197,6 +198,10 @@ def outside_tasks(
     answer is "yes" or "no": the word in a passage is no evidence, so the rule admits "no"
     by chance and almost never "yes" (all 96 yes/no questions of the 716 pool of
     RESULTS.md are "no"), and a model that always says "no" scores 1.0 on them.
+    ``max_answer_chance`` P generalizes that: it drops a question when any of its answers
+    would be among ``answer_top_k`` passages drawn at random with probability above P
+    (`answer_chances`: "American" is in 21% of the corpus's passages, so in a random top 5
+    69% of the time; 234 of the 716's 286 nationality questions are "American").
 
     Questions are deduplicated across ``files`` (`dedupe`), dropped when their id or
     normalized question is in any train or eval file of the recipe (all of each file, not
@@ -213,6 +218,8 @@ def outside_tasks(
             f"--take and --answer-top-k must be positive and --skip at least 0 "
             f"(got {take}, {answer_top_k}, {skip})"
         )
+    if not 0.0 <= max_answer_chance <= 1.0:
+        raise ValueError(f"--max-answer-chance must be in [0, 1] (got {max_answer_chance})")
     if not 0 <= answer_after < answer_top_k:
         raise ValueError(
             f"--answer-after must be at least 0 and below --answer-top-k "
@@ -239,9 +246,15 @@ def outside_tasks(
         before = len(new)
         new = [s for s in new if not any(a.strip().lower() in ("yes", "no") for a in s.answers)]
         n_yes_no = before - len(new)
+    words = cfg.task.passage_words
+    n_likely = 0
+    if max_answer_chance < 1.0:
+        chances = answer_chances(data.passages, [list(s.answers) for s in new], words, answer_top_k)
+        before = len(new)
+        new = [s for s, c in zip(new, chances, strict=True) if c <= max_answer_chance]
+        n_likely = before - len(new)
     retriever = retriever_from_spec(qa.retriever, data.passages)
     hits = retriever.search_batch([s.question for s in new], answer_top_k)
-    words = cfg.task.passage_words
 
     def found(sample: QASample, top: list[Passage]) -> bool:
         shown = " ".join(f"{p.title} {clip_words(p.text, words)}" for p in top)
@@ -256,13 +269,53 @@ def outside_tasks(
     note = (
         f"outside questions: {len(read)} in {len(paths)} file(s), {len(samples)} distinct, "
         f"{len(new) + n_yes_no} in no recipe file, "
-        + (f"{len(new)} not yes/no, " if drop_yes_no else "")
+        + (f"{len(new) + n_likely} not yes/no, " if drop_yes_no else "")
+        + (
+            f"{len(new)} whose answers a random top {answer_top_k} shows with probability "
+            f"<= {max_answer_chance:g}, "
+            if max_answer_chance < 1.0
+            else ""
+        )
         + f"{len(kept)} with an answer in the top "
         f"{answer_top_k} passages for the question"
         + (f" but not in the top {answer_after}" if answer_after else "")
         + f"; {taken}"
     )
     return out, note
+
+
+def answer_chances(
+    passages: list[Passage], answers: list[list[str]], words: int, k: int
+) -> list[float]:
+    """For each question's ``answers``: the probability that ``k`` passages drawn at random
+    from ``passages`` show one of them (`cover_exact_match` on the title and the text
+    clipped to ``words``, as the search tool shows a passage): 1 - (1 - df)^k with df the
+    share of passages that contain the answer, the largest over the answers. A filter that
+    keeps questions whose answer is in the top k is evidence of retrieval only when this
+    is small."""
+    from collections import defaultdict
+
+    from agentr1.rewards.qa import normalize_answer
+    from agentr1.tools.search import clip_words
+
+    if not passages:
+        raise ValueError("no passages to measure answers against")
+    shown = [f" {normalize_answer(f'{p.title} {clip_words(p.text, words)}')} " for p in passages]
+    index: dict[str, list[int]] = defaultdict(list)
+    for i, text in enumerate(shown):
+        for w in set(text.split()):
+            index[w].append(i)
+    cache: dict[str, float] = {}
+
+    def df(answer: str) -> float:
+        a = normalize_answer(answer)
+        if a not in cache:
+            # only passages holding the answer's rarest word can hold the answer
+            rare = min((index.get(w, []) for w in a.split()), key=len, default=[])
+            cache[a] = sum(f" {a} " in shown[i] for i in rare) / len(shown)
+        return cache[a]
+
+    return [max((1 - (1 - df(a)) ** k for a in ans), default=0.0) for ans in answers]
 
 
 def check_draws(model_dir: Path, rl_draws: int, seed: int) -> None:
@@ -373,6 +426,14 @@ def main() -> None:
         action="store_true",
         help="--questions: leave out yes/no questions (the rule admits 'no' ones by chance)",
     )
+    ap.add_argument(
+        "--max-answer-chance",
+        type=float,
+        default=1.0,
+        metavar="P",
+        help="--questions: leave out questions whose answer a random top --answer-top-k "
+        "would show with probability above P (common words: 'American', 'no'); e.g. 0.05",
+    )
     ap.add_argument("--recipe", default=str(RECIPE))
     ap.add_argument("overrides", nargs="*", help="section.field=value")
     args = ap.parse_args()
@@ -407,6 +468,7 @@ def main() -> None:
             args.answer_top_k,
             args.answer_after,
             args.drop_yes_no,
+            args.max_answer_chance,
         )
     elif args.train_pool is None:
         tasks, note = fresh_tasks(base, args.take, args.splits, args.skip)

@@ -383,3 +383,30 @@ def test_records_of_a_larger_pool_are_reused_and_a_smaller_one_refused(
     monkeypatch.setattr(sys, "argv", [*argv, "--model", f"a={model}", "--model", f"b={model}"])
     with pytest.raises(SystemExit, match=r"b\.jsonl: no record for 1 of the 2 questions"):
         fresh_eval.main()
+
+
+def test_max_answer_chance_leaves_out_answers_a_random_top_k_would_show(tmp_path: Path) -> None:
+    cfg = small_recipe(tmp_path)
+    # 60 passages: "poet" is in the 20 "Person i" ones, "town 7" only in "Town 7".
+    records = [
+        {"idx": 0, "question": "Which town was person 7 born in?", "answer": "town 7"},
+        {"idx": 2, "question": "What is town 24 near?", "answer": "poet"},
+    ]
+    outside = write_jsonl(tmp_path / "hotpot_questions.jsonl", records)
+    passages = load_qa_data(cfg.task.qa).passages
+    assert len(passages) == 60
+    town, poet, either = fresh_eval.answer_chances(
+        passages, [["town 7"], ["Poet."], ["town 7", "poet"]], words=80, k=5
+    )
+    assert town == pytest.approx(1 - (59 / 60) ** 5)
+    assert poet == either == pytest.approx(1 - (40 / 60) ** 5)
+    kept, _ = outside_tasks(cfg, [outside], take=10)
+    assert {t.id for ts in kept.values() for t in ts} == {
+        "hotpot_questions:0",
+        "hotpot_questions:2",
+    }
+    kept, note = outside_tasks(cfg, [outside], take=10, max_answer_chance=0.5)
+    assert {t.id for ts in kept.values() for t in ts} == {"hotpot_questions:0"}
+    assert "1 whose answers a random top 5 shows with probability <= 0.5, 1 with an" in note
+    with pytest.raises(ValueError, match=r"--max-answer-chance must be in \[0, 1\]"):
+        outside_tasks(cfg, [outside], take=10, max_answer_chance=1.5)
