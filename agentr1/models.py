@@ -86,7 +86,13 @@ def resolve(name_or_path: str | Path) -> tuple[str, dict[str, Any]]:
         if is_complete_save(prepared):
             return str(prepared), {}
         return str(smollm2_gguf_dir()), {"gguf_file": SMOLLM2_GGUF}
-    return str(name_or_path), {}
+    name = str(name_or_path)
+    if not Path(name).is_dir() and (
+        name.startswith((".", "/", "~")) or name.count("/") > 1 or isinstance(name_or_path, Path)
+    ):
+        # not a hub id ("owner/name"): a local path, and there is none
+        raise FileNotFoundError(f"model {name!r}: no such directory")
+    return name, {}
 
 
 def load_tokenizer(name_or_path: str | Path) -> Any:

@@ -38,6 +38,11 @@ def test_alias_resolves_to_gguf_then_to_a_complete_prepared_copy(cache: Path) ->
         (prepared / f).write_text("")
     assert resolve(SMOLLM2_ALIAS) == (str(prepared), {})
     assert resolve("Qwen/Qwen2.5-3B-Instruct") == ("Qwen/Qwen2.5-3B-Instruct", {})
+    assert resolve(str(prepared)) == (str(prepared), {})
+    # a local path that is not there is named, not passed on to the hub as a repo id
+    for missing in ("runs/x/grpo/final_model", "./final_model", str(cache / "nope")):
+        with pytest.raises(FileNotFoundError, match=r"model '.*': no such directory"):
+            resolve(missing)
 
 
 def test_missing_package_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
