@@ -241,18 +241,14 @@ def outside_tasks(
         for s in samples
         if s.id not in seen_ids and normalize_question(s.question) not in seen_questions
     ]
-    n_yes_no = 0
+    n_outside = len(new)
     if drop_yes_no:
-        before = len(new)
         new = [s for s in new if not any(a.strip().lower() in ("yes", "no") for a in s.answers)]
-        n_yes_no = before - len(new)
+    n_not_yes_no = len(new)
     words = cfg.task.passage_words
-    n_likely = 0
     if max_answer_chance < 1.0:
         chances = answer_chances(data.passages, [list(s.answers) for s in new], words, answer_top_k)
-        before = len(new)
         new = [s for s, c in zip(new, chances, strict=True) if c <= max_answer_chance]
-        n_likely = before - len(new)
     retriever = retriever_from_spec(qa.retriever, data.passages)
     hits = retriever.search_batch([s.question for s in new], answer_top_k)
 
@@ -268,8 +264,8 @@ def outside_tasks(
     out, taken = take_by_dataset([s.to_task() for s in kept], "q_", qa.split_seed, take, skip)
     note = (
         f"outside questions: {len(read)} in {len(paths)} file(s), {len(samples)} distinct, "
-        f"{len(new) + n_yes_no} in no recipe file, "
-        + (f"{len(new) + n_likely} not yes/no, " if drop_yes_no else "")
+        f"{n_outside} in no recipe file, "
+        + (f"{n_not_yes_no} not yes/no, " if drop_yes_no else "")
         + (
             f"{len(new)} whose answers a random top {answer_top_k} shows with probability "
             f"<= {max_answer_chance:g}, "

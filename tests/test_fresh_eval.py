@@ -407,6 +407,9 @@ def test_max_answer_chance_leaves_out_answers_a_random_top_k_would_show(tmp_path
     }
     kept, note = outside_tasks(cfg, [outside], take=10, max_answer_chance=0.5)
     assert {t.id for ts in kept.values() for t in ts} == {"hotpot_questions:0"}
-    assert "1 whose answers a random top 5 shows with probability <= 0.5, 1 with an" in note
+    assert (
+        "2 in no recipe file, 1 whose answers a random top 5 shows with probability <= 0.5, 1 with an"
+        in note
+    )
     with pytest.raises(ValueError, match=r"--max-answer-chance must be in \[0, 1\]"):
         outside_tasks(cfg, [outside], take=10, max_answer_chance=1.5)
