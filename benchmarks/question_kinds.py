@@ -54,8 +54,9 @@ def kind_table(ref: dict[str, dict[str, Any]], other: dict[str, dict[str, Any]])
         missing = sorted(ref.keys() ^ other.keys())
         raise ValueError(f"the records hold different questions (e.g. {missing[0]})")
     rows = [
-        "| kind | n | reference EM | EM | better / worse | tool calls (reference → this) |",
-        "|---|---|---|---|---|---|",
+        "| kind | n | reference EM | EM | better / worse | tool calls (reference → this) "
+        "| one answer for all (its EM) |",
+        "|---|---|---|---|---|---|---|",
     ]
     by_kind: dict[str, list[str]] = {k: [] for k in KINDS}
     for key, rec in ref.items():
@@ -71,9 +72,28 @@ def kind_table(ref: dict[str, dict[str, Any]], other: dict[str, dict[str, Any]])
         calls_b = sum(float(other[k].get("tool_calls", 0)) for k in keys) / len(keys)
         rows.append(
             f"| {name} | {len(keys)} | {sum(a) / len(a):.3f} | {sum(b) / len(b):.3f} "
-            f"| {better} / {worse} | {calls_a:.2f} → {calls_b:.2f} |"
+            f"| {better} / {worse} | {calls_a:.2f} → {calls_b:.2f} | "
+            + "{} ({:.3f}) |".format(*best_constant([ref[k] for k in keys]))
         )
     return rows
+
+
+def best_constant(records: list[dict[str, Any]]) -> tuple[str, float]:
+    """The one answer that, given to every question of ``records``, scores the highest EM
+    (chosen among their gold answers, knowing them: an upper bound on what a habit can
+    score, e.g. "American" on a pool of nationality questions), and that EM."""
+    from agentr1.rewards.qa import exact_match, normalize_answer
+
+    if not records:
+        raise ValueError("no records")
+    seen: dict[str, str] = {}
+    for r in records:
+        for g in r["gold"]:
+            seen.setdefault(normalize_answer(str(g)), str(g))
+    golds = [[str(g) for g in r["gold"]] for r in records]
+    scores = {a: sum(exact_match(a, gs) for gs in golds) / len(golds) for a in seen.values()}
+    best = max(scores, key=lambda a: (scores[a], a))
+    return best, scores[best]
 
 
 def top_answers(records: dict[str, dict[str, Any]], of_kind: str, n: int = 6) -> str:

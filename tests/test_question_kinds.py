@@ -66,10 +66,13 @@ def test_kind_table_pairs_each_question(tmp_path: Path) -> None:
     )
     a, b = qk.read_records(ref), qk.read_records(new)
     rows = qk.kind_table(a, b)
-    assert rows[2] == "| nationality / country | 2 | 0.500 | 0.500 | 1 / 1 | 2.00 → 1.00 |"
-    assert rows[3] == "| yes / no | 1 | 1.000 | 1.000 | 0 / 0 | 2.00 → 0.00 |"
-    assert rows[4] == "| who | 1 | 1.000 | 0.000 | 0 / 1 | 2.00 → 1.00 |"
-    assert rows[-1] == "| all | 4 | 0.750 | 0.500 | 1 / 2 | 2.00 → 0.75 |"
+    assert (
+        rows[2]
+        == "| nationality / country | 2 | 0.500 | 0.500 | 1 / 1 | 2.00 → 1.00 | French (0.500) |"
+    )
+    assert rows[3] == "| yes / no | 1 | 1.000 | 1.000 | 0 / 0 | 2.00 → 0.00 | no (1.000) |"
+    assert rows[4] == "| who | 1 | 1.000 | 0.000 | 0 / 1 | 2.00 → 1.00 | Al (1.000) |"
+    assert rows[-1] == "| all | 4 | 0.750 | 0.500 | 1 / 2 | 2.00 → 0.75 | no (0.250) |"
     assert len(rows) == 6  # kinds with no question get no row
     assert qk.top_answers(b, "nationality / country") == "American 2 (1)"
     with pytest.raises(ValueError, match="different questions"):
@@ -87,3 +90,12 @@ def test_bad_records_name_the_file_and_line(tmp_path: Path) -> None:
     (tmp_path / "torn.jsonl").write_text('{"task_id": 1\n', encoding="utf-8")
     with pytest.raises(ValueError, match=r"torn.jsonl:1: not JSON"):
         qk.read_records(tmp_path / "torn.jsonl")
+
+
+def test_best_constant_is_the_answer_a_habit_would_score_best_with() -> None:
+    recs = [rec(i, "What nationality?", g, "", 0, 1) for i, g in enumerate(["American"] * 3)]
+    recs += [rec(3, "What nationality?", "the British", "", 0, 1)]
+    recs[0]["gold"] = ["American", "USA"]
+    assert qk.best_constant(recs) == ("American", 0.75)
+    with pytest.raises(ValueError, match="no records"):
+        qk.best_constant([])
