@@ -7,8 +7,11 @@ renamed into place, so a reader finds the old file or the new one, never a torn 
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 
 def write_atomic(path: str | Path, text: str, durable: bool = False) -> None:
@@ -28,3 +31,30 @@ def write_atomic(path: str | Path, text: str, durable: bool = False) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def read_jsonl(
+    path: str | Path,
+    fields: Sequence[str] = (),
+    keep: Callable[[dict[str, Any]], bool] | None = None,
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, record)`` for each non-empty line of the JSONL file ``path`` that
+    ``keep`` accepts (every line when None), each checked to hold ``fields``.
+
+    Raises:
+        ValueError: naming the file and line of a line that is not JSON or lacks a field.
+    """
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec: dict[str, Any] = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not JSON ({e.msg})") from None
+            if keep is not None and not keep(rec):
+                continue
+            for field in fields:
+                if field not in rec:
+                    raise ValueError(f"{path}:{lineno}: no field {field!r}")
+            yield lineno, rec

@@ -15,12 +15,13 @@ away from "gold yes"; ties show whether that drift had any advantage behind it.
 from __future__ import annotations
 
 import argparse
-import json
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 from question_kinds import kind
+
+from agentr1.fileio import read_jsonl
 
 _FIELDS = ("step", "group", "question", "gold", "answer", "em", "outcome_reward", "advantage")
 
@@ -32,19 +33,10 @@ def read_rollouts(path: Path) -> list[dict[str, Any]]:
         path = path / "rollouts.jsonl"
     if not path.is_file():
         raise SystemExit(f"{path}: no such file (runs log it with train.log_rollouts: true)")
-    out = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise SystemExit(f"{path}:{lineno}: not JSON ({e.msg})") from None
-            for field in _FIELDS:
-                if field not in rec:
-                    raise SystemExit(f"{path}:{lineno}: no field {field!r}")
-            out.append(rec)
+    try:
+        out = [rec for _, rec in read_jsonl(path, _FIELDS)]
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     if not out:
         raise SystemExit(f"{path}: no episodes")
     return out

@@ -35,3 +35,15 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(
         fileio.write_atomic(path, "new\n")
     assert path.read_text() == "old\n"
     assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]
+
+
+def test_read_jsonl_checks_only_the_lines_it_keeps_and_names_bad_ones(tmp_path: Path) -> None:
+    path = tmp_path / "episodes.jsonl"
+    path.write_text('{"label": "before"}\n\n{"label": "after", "em": 1}\n')
+    keep = fileio.read_jsonl(path, ["em"], lambda r: r["label"] == "after")
+    assert list(keep) == [(3, {"label": "after", "em": 1})]  # line 1 lacks em, but is not kept
+    with pytest.raises(ValueError, match=r"episodes\.jsonl:1: no field 'em'"):
+        list(fileio.read_jsonl(path, ["em"]))
+    path.write_text('{"em": 1}\n{"em": \n')
+    with pytest.raises(ValueError, match=r"episodes\.jsonl:2: not JSON"):
+        list(fileio.read_jsonl(path))

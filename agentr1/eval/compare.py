@@ -17,7 +17,6 @@ picks one evaluation out of a file holding several (e.g. ``label=after``).
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -25,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from agentr1.fileio import read_jsonl
 
 
 @dataclass(frozen=True)
@@ -147,28 +148,20 @@ def load_records(
     path = Path(path)
     where = dict(where or {})
     out: dict[str, dict[str, Any]] = {}
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec: dict[str, Any] = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not JSON ({e.msg})") from None
-            if any(str(rec.get(k)) != v for k, v in where.items()):
-                continue
-            for field in ("task_id", *fields):
-                if field not in rec:
-                    raise ValueError(f"{path}:{lineno}: no field {field!r}")
-            group = rec.get("dataset", rec.get("split"))
-            key = f"{group}/{rec['task_id']}" if group is not None else str(rec["task_id"])
-            if key in out:
-                raise ValueError(
-                    f"{path}:{lineno}: question {key!r} appears twice"
-                    + (f" with {where}" if where else "")
-                    + "; pick one evaluation with --where (e.g. label=after)"
-                )
-            out[key] = rec
+
+    def matches(rec: dict[str, Any]) -> bool:
+        return all(str(rec.get(k)) == v for k, v in where.items())
+
+    for lineno, rec in read_jsonl(path, ("task_id", *fields), matches):
+        group = rec.get("dataset", rec.get("split"))
+        key = f"{group}/{rec['task_id']}" if group is not None else str(rec["task_id"])
+        if key in out:
+            raise ValueError(
+                f"{path}:{lineno}: question {key!r} appears twice"
+                + (f" with {where}" if where else "")
+                + "; pick one evaluation with --where (e.g. label=after)"
+            )
+        out[key] = rec
     if not out:
         raise ValueError(f"{path}: no episodes" + (f" with {where}" if where else ""))
     return out
