@@ -86,10 +86,10 @@ def resolve(name_or_path: str | Path) -> tuple[str, dict[str, Any]]:
         if is_complete_save(prepared):
             return str(prepared), {}
         return str(smollm2_gguf_dir()), {"gguf_file": SMOLLM2_GGUF}
-    name = str(name_or_path)
-    if not Path(name).is_dir() and (
-        name.startswith((".", "/", "~")) or name.count("/") > 1 or isinstance(name_or_path, Path)
-    ):
+    name, local = str(name_or_path), Path(name_or_path).expanduser()
+    if local.is_dir():
+        return str(local), {}
+    if name.startswith((".", "/", "~")) or name.count("/") > 1 or isinstance(name_or_path, Path):
         # not a hub id ("owner/name"): a local path, and there is none
         raise FileNotFoundError(f"model {name!r}: no such directory")
     return name, {}

@@ -28,7 +28,9 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "cache"
 
 
-def test_alias_resolves_to_gguf_then_to_a_complete_prepared_copy(cache: Path) -> None:
+def test_alias_resolves_to_gguf_then_to_a_complete_prepared_copy(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     assert resolve(SMOLLM2_ALIAS) == (str(smollm2_gguf_dir()), {"gguf_file": SMOLLM2_GGUF})
     prepared = cache / "models" / SMOLLM2_ALIAS
     prepared.mkdir(parents=True)
@@ -39,6 +41,8 @@ def test_alias_resolves_to_gguf_then_to_a_complete_prepared_copy(cache: Path) ->
     assert resolve(SMOLLM2_ALIAS) == (str(prepared), {})
     assert resolve("Qwen/Qwen2.5-3B-Instruct") == ("Qwen/Qwen2.5-3B-Instruct", {})
     assert resolve(str(prepared)) == (str(prepared), {})
+    monkeypatch.setenv("HOME", str(prepared.parent))
+    assert resolve(f"~/{prepared.name}") == (str(prepared), {})  # "~" from a config file
     # a local path that is not there is named, not passed on to the hub as a repo id
     for missing in ("runs/x/grpo/final_model", "./final_model", str(cache / "nope")):
         with pytest.raises(FileNotFoundError, match=r"model '.*': no such directory"):
