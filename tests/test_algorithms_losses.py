@@ -19,6 +19,7 @@ from agentr1.algorithms import (
     apply_kl_to_rewards,
     entropy_bonus,
     entropy_from_logits,
+    explained_variance,
     kl_loss,
     kl_penalty,
     masked_aggregate,
@@ -423,3 +424,18 @@ def test_micro_batches_give_the_full_batch_gradient(name: str, mode: AggMode) ->
     torch.testing.assert_close(acc_p.grad, full_p.grad)
     # The test has teeth: averaging micro-batch losses equally gives another gradient.
     assert not torch.allclose(naive_p.grad, full_p.grad, atol=1e-4)
+
+
+def test_explained_variance_over_masked_tokens() -> None:
+    ret = torch.tensor([[1.0, 2.0, 3.0, 99.0], [4.0, 5.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
+    # perfect values explain all of it; the masked-out 99 is never read
+    assert explained_variance(ret.clone(), ret, mask) == pytest.approx(1.0)
+    # the returns' mean everywhere explains nothing
+    assert explained_variance(torch.full_like(ret, 3.0), ret, mask) == pytest.approx(0.0)
+    # a constant offset still explains all of the variance (variance ignores the mean)
+    assert explained_variance(ret + 7.0, ret, mask) == pytest.approx(1.0)
+    # values moving against the returns do worse than the mean: Var(2R - 6) = 4 Var(R) -> -3
+    assert explained_variance(6.0 - ret, ret, mask) == pytest.approx(-3.0)
+    assert explained_variance(ret, torch.ones_like(ret), mask) is None  # nothing to explain
+    assert explained_variance(ret, ret, torch.zeros_like(mask)) is None

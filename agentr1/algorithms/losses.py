@@ -162,6 +162,25 @@ def policy_loss_ppo(
     return loss, metrics
 
 
+def explained_variance(
+    values_BT: torch.Tensor, returns_BT: torch.Tensor, mask_BT: torch.Tensor
+) -> float | None:
+    """How much of the returns' variance the critic's values explain, over masked tokens:
+    1 - Var(R - V) / Var(R) (population variances, float64). 1 = it predicts the returns,
+    0 = no better than their mean, below 0 = worse than the mean. None when the returns do
+    not vary (or no token is masked): nothing to explain.
+    """
+    keep = mask_BT > 0
+    ret = returns_BT.detach()[keep].double()
+    if ret.numel() == 0:
+        return None
+    var = ret.var(unbiased=False)
+    if float(var) <= 1e-12:
+        return None
+    resid = ret - values_BT.detach()[keep].double()
+    return float(1.0 - resid.var(unbiased=False) / var)
+
+
 def value_loss(
     values_BT: torch.Tensor,
     old_values_BT: torch.Tensor,

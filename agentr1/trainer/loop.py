@@ -36,6 +36,7 @@ from agentr1.algorithms import (
     AdvantageInputs,
     apply_kl_to_rewards,
     compute_advantages,
+    explained_variance,
     kl_penalty,
 )
 from agentr1.config import Config
@@ -219,6 +220,11 @@ def compute_step_advantages(
     out = compute_advantages(
         AdvantageInputs(rewards_BT, adv_mask_BT, batch.group_index_B, scored["values"]), acfg
     )
+    if scored["values"] is not None:
+        # the critic's values at rollout time against the returns it is trained toward
+        ev = explained_variance(scored["values"], out.returns_BT, adv_mask_BT)
+        if ev is not None:
+            metrics["value_explained_var"] = ev
     return out.advantages_BT, out.returns_BT, metrics
 
 
