@@ -313,19 +313,24 @@ def test_the_script_tables_models_and_naive_rag_on_the_training_pool(
         fresh_eval.main()  # two rows named a
 
 
+def outside_script(tmp_path: Path, records: list[dict[str, Any]]) -> tuple[Path, Path, str, Path]:
+    """For a run of the script on outside questions: a tiny model and its 6-question recipe,
+    ``records`` as a question-only file, and the output folder."""
+    model, recipe = tiny_qa_recipe(tmp_path, 6, tokens_per_turn=4)
+    return model, recipe, write_jsonl(tmp_path / "hotpot_outside.jsonl", records), tmp_path / "out"
+
+
 def test_the_script_tests_on_outside_questions(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    model, recipe = tiny_qa_recipe(tmp_path, 6, tokens_per_turn=4)
-    outside = write_jsonl(
-        tmp_path / "hotpot_outside.jsonl",
+    model, recipe, outside, out = outside_script(
+        tmp_path,
         [
             {"idx": 0, "question": "Which town was person 3 born in?", "answer": "town 3"},
             {"idx": 1, "question": "Where was person 4 born?", "answer": "town 4"},  # recipe's
             {"idx": 2, "question": "Which town was person 5 born in?", "answer": "Oslo"},
         ],
     )
-    out = tmp_path / "out"
     argv = ["fresh_eval.py", "--out", str(out), "--recipe", str(recipe), "--model", f"a={model}"]
     # An override after the files is still an override, not a file.
     monkeypatch.setattr(sys, "argv", [*argv, "--questions", outside, "task.top_k=2"])
@@ -359,15 +364,13 @@ def test_drop_yes_no_leaves_out_the_questions_a_passage_word_admits(tmp_path: Pa
 def test_records_of_a_larger_pool_are_reused_and_a_smaller_one_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    model, recipe = tiny_qa_recipe(tmp_path, 6, tokens_per_turn=4)
-    outside = write_jsonl(
-        tmp_path / "hotpot_outside.jsonl",
+    model, recipe, outside, out = outside_script(
+        tmp_path,
         [
             {"idx": 0, "question": "Which town was person 3 born in?", "answer": "town 3"},
             {"idx": 1, "question": "Which town was person 5 born in?", "answer": "town 5"},
         ],
     )
-    out = tmp_path / "out"
     argv = ["fresh_eval.py", "--out", str(out), "--recipe", str(recipe), "--questions", outside]
     monkeypatch.setattr(sys, "argv", [*argv, "--model", f"a={model}"])
     fresh_eval.main()
