@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import resource
 import subprocess
 import sys
@@ -252,6 +253,17 @@ def table(rows: list[tuple[str, dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
+def moving_average(ys: list[float], width: int = 5) -> list[float]:
+    """Mean of each value and the ``width - 1`` before it, over the ones that exist: a
+    step that did not log the metric (NaN: PPO's explained variance when the returns do not
+    vary) leaves a gap at its own point, not in its neighbours'."""
+    out = []
+    for i, y in enumerate(ys):
+        have = [v for v in ys[max(0, i - width + 1) : i + 1] if not math.isnan(v)]
+        out.append(sum(have) / len(have) if have and not math.isnan(y) else float("nan"))
+    return out
+
+
 def plot(args: argparse.Namespace, out: Path) -> Path | None:
     """GRPO and PPO training curves (5-step moving averages) as one PNG."""
     from agentr1.trainer.run import metric_records
@@ -274,6 +286,7 @@ def plot(args: argparse.Namespace, out: Path) -> Path | None:
         ("response_len", "sampled tokens / episode"),
         ("kl", "KL to the warm start"),
         ("time/step", "seconds / step (2 cores)"),
+        ("value_explained_var", "critic's explained variance (PPO)"),
     ]
     cols = (len(panels) + 1) // 2
     fig, grid = plt.subplots(2, cols, figsize=(4 * cols, 6.4))
@@ -281,13 +294,11 @@ def plot(args: argparse.Namespace, out: Path) -> Path | None:
     for ax in axes[len(panels) :]:
         ax.axis("off")
     for ax, (key, title) in zip(axes, panels, strict=False):
-        for name, rows in series.items():
-            ys = [float(r.get(key, float("nan"))) for r in rows]
-            smooth = [
-                sum(ys[max(0, i - 4) : i + 1]) / len(ys[max(0, i - 4) : i + 1])
-                for i in range(len(ys))
-            ]
-            ax.plot([r["step"] + 1 for r in rows], smooth, label=name.upper())
+        for color, (name, rows) in enumerate(series.items()):
+            if not any(key in r for r in rows):
+                continue  # e.g. GRPO has no critic
+            smooth = moving_average([float(r.get(key, float("nan"))) for r in rows])
+            ax.plot([r["step"] + 1 for r in rows], smooth, label=name.upper(), color=f"C{color}")
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("RL step")
     axes[0].legend()

@@ -107,3 +107,41 @@ def test_rl_defaults_yield_to_the_command_line() -> None:
     args.overrides = ["eval.before=true", "train.steps=3"]
     cfg = config(args, ["train.steps=5"], defaults=("eval.before=false",))
     assert cfg.eval.before is True and cfg.train.steps == 5  # extra still wins
+
+
+def test_moving_average_skips_steps_that_did_not_log() -> None:
+    moving_average = benchmark("multihop_real").moving_average
+    nan = float("nan")
+    out = moving_average([1.0, 3.0, nan, 5.0, 7.0, 9.0, 11.0], width=3)
+    assert out[:2] == [1.0, 2.0] and out[2] != out[2]  # NaN stays a gap
+    assert out[3:] == [4.0, 6.0, 7.0, 9.0]  # the gap is not in its neighbours' means
+
+
+def test_curves_draw_the_critic_only_for_the_run_that_has_one(tmp_path: Path) -> None:
+    import argparse
+
+    pytest.importorskip("matplotlib")
+    plot = benchmark("multihop_real").plot
+    for name, extra in (("grpo", {}), ("ppo", {"value_explained_var": 0.1})):
+        rows = [{"phase": "rl", "step": s, "f1": 0.1 * s, **extra} for s in range(4)]
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    drawn: dict[int, list[tuple[str, str]]] = {}  # per panel, in drawing order
+
+    import matplotlib.axes
+
+    real = matplotlib.axes.Axes.plot
+
+    def spy(ax, *a, **kw):  # type: ignore[no-untyped-def]
+        drawn.setdefault(id(ax), []).append((kw["label"], kw["color"]))
+        return real(ax, *a, **kw)
+
+    matplotlib.axes.Axes.plot = spy  # type: ignore[method-assign]
+    try:
+        png = plot(argparse.Namespace(root=tmp_path), tmp_path / "docs" / "curves.png")
+    finally:
+        matplotlib.axes.Axes.plot = real  # type: ignore[method-assign]
+    assert png is not None and png.stat().st_size > 0
+    both = [("GRPO", "C0"), ("PPO", "C1")]
+    # F1 for both, the critic for PPO in GRPO's absence in the same colour, nothing else
+    assert list(drawn.values()) == [both, [("PPO", "C1")]]
