@@ -58,6 +58,8 @@ from agentr1.fileio import write_atomic
 from agentr1.types import Task
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from agentr1.data import QASample
     from agentr1.retrieval import Passage
 
@@ -180,6 +182,7 @@ def outside_tasks(
     answer_after: int = 0,
     drop_yes_no: bool = False,
     max_answer_chance: float = 1.0,
+    drop_answer_in_question: bool = False,
 ) -> tuple[dict[str, list[Task]], str]:
     """``q_<dataset>`` -> questions of ``files`` (any question format; question-only files
     are the point) that no file of the recipe holds, kept only when a search of the
@@ -202,6 +205,11 @@ def outside_tasks(
     would be among ``answer_top_k`` passages drawn at random with probability above P
     (`answer_chances`: "American" is in 21% of the corpus's passages, so in a random top 5
     69% of the time; 234 of the 716's 286 nationality questions are "American").
+    ``drop_answer_in_question`` leaves out the questions that name one of their answers
+    (`answer_in_question`): mostly comparisons ("Which film came out first, X or Y?"),
+    where naming either option is right half the time without reading anything (25 of
+    the 272 chance-free questions of RESULTS.md: the RL models learned to name an option
+    and gained most of their points there).
 
     Questions are deduplicated across ``files`` (`dedupe`), dropped when their id or
     normalized question is in any train or eval file of the recipe (all of each file, not
@@ -245,6 +253,9 @@ def outside_tasks(
     if drop_yes_no:
         new = [s for s in new if not any(a.strip().lower() in ("yes", "no") for a in s.answers)]
     n_not_yes_no = len(new)
+    if drop_answer_in_question:
+        new = [s for s in new if not answer_in_question(s.question, s.answers)]
+    n_no_answer_in_question = len(new)
     words = cfg.task.passage_words
     if max_answer_chance < 1.0:
         chances = answer_chances(data.passages, [list(s.answers) for s in new], words, answer_top_k)
@@ -267,6 +278,11 @@ def outside_tasks(
         f"{n_outside} in no recipe file, "
         + (f"{n_not_yes_no} not yes/no, " if drop_yes_no else "")
         + (
+            f"{n_no_answer_in_question} not naming an answer in the question, "
+            if drop_answer_in_question
+            else ""
+        )
+        + (
             f"{len(new)} whose answers a random top {answer_top_k} shows with probability "
             f"<= {max_answer_chance:g}, "
             if max_answer_chance < 1.0
@@ -278,6 +294,16 @@ def outside_tasks(
         + f"; {taken}"
     )
     return out, note
+
+
+def answer_in_question(question: str, answers: Sequence[str]) -> bool:
+    """Whether the question names one of ``answers`` (normalized, as whole words): the
+    answer of "Which film came out first, X or Y?" is X or Y, so naming either is right
+    half the time without reading anything."""
+    from agentr1.rewards.qa import normalize_answer
+
+    q = f" {normalize_answer(question)} "
+    return any(a and f" {a} " in q for a in map(normalize_answer, answers))
 
 
 def answer_chances(
@@ -430,6 +456,12 @@ def main() -> None:
         help="--questions: leave out questions whose answer a random top --answer-top-k "
         "would show with probability above P (common words: 'American', 'no'); e.g. 0.05",
     )
+    ap.add_argument(
+        "--drop-answer-in-question",
+        action="store_true",
+        help="--questions: leave out questions that name one of their answers "
+        "('X or Y?' comparisons: naming either option is right half the time)",
+    )
     ap.add_argument("--recipe", default=str(RECIPE))
     ap.add_argument("overrides", nargs="*", help="section.field=value")
     args = ap.parse_args()
@@ -465,6 +497,7 @@ def main() -> None:
             args.answer_after,
             args.drop_yes_no,
             args.max_answer_chance,
+            args.drop_answer_in_question,
         )
     elif args.train_pool is None:
         tasks, note = fresh_tasks(base, args.take, args.splits, args.skip)

@@ -49,10 +49,15 @@ def read_records(path: Path) -> dict[str, dict[str, Any]]:
 
 def kind_table(ref: dict[str, dict[str, Any]], other: dict[str, dict[str, Any]]) -> list[str]:
     """Markdown rows: per kind (and all) n, EM of ``ref`` and ``other``, better / worse, and
-    tool calls a question of each. The two must hold the same questions."""
-    if ref.keys() != other.keys():
-        missing = sorted(ref.keys() ^ other.keys())
-        raise ValueError(f"the records hold different questions (e.g. {missing[0]})")
+    tool calls a question of each, on ``other``'s questions: ``ref`` must hold all of them
+    and may hold more (records of a larger pool reused, as `fresh_eval` reuses them)."""
+    missing = sorted(other.keys() - ref.keys())
+    if missing:
+        raise ValueError(
+            f"the reference's records lack {len(missing)} of this model's questions "
+            f"(e.g. {missing[0]})"
+        )
+    ref = {k: ref[k] for k in other}
     rows = [
         "| kind | n | reference EM | EM | better / worse | tool calls (reference → this) "
         "| one answer for all (its EM) |",
@@ -119,14 +124,14 @@ def main() -> None:
     if len(args.records) < 2:
         ap.error("give the reference's records and at least one model's")
     ref = read_records(args.records[0])
-    print(f"reference: {args.records[0]}")
+    print(f"reference: {args.records[0]} ({len(ref)} questions)")
     nat = KINDS[0]
-    print(f"\n{nat} answers, reference: {top_answers(ref, nat)}")
     for path in args.records[1:]:
         other = read_records(path)
-        print(f"\n## {path}\n")
+        print(f"\n## {path} ({len(other)} questions)\n")
         print("\n".join(kind_table(ref, other)))
         print(f"\n{nat} answers: {top_answers(other, nat)}")
+        print(f"reference's on them: {top_answers({k: ref[k] for k in other}, nat)}")
 
 
 if __name__ == "__main__":

@@ -361,6 +361,26 @@ def test_drop_yes_no_leaves_out_the_questions_a_passage_word_admits(tmp_path: Pa
     assert "2 in no recipe file, 1 not yes/no, 1 with an answer in the top 5" in note
 
 
+def test_drop_answer_in_question_leaves_out_the_questions_that_name_their_answer(
+    tmp_path: Path,
+) -> None:
+    assert fresh_eval.answer_in_question("Which came first, Town 7 or Town 8?", ["town 7"])
+    assert fresh_eval.answer_in_question("Who wrote it?", ["x", "Who"])  # any alias
+    assert not fresh_eval.answer_in_question("Was town 70 first?", ["town 7"])  # whole words
+    assert not fresh_eval.answer_in_question("Which town?", [""])
+    cfg = small_recipe(tmp_path)
+    records = [
+        {"idx": 0, "question": "Which town was person 7 born in?", "answer": "town 7"},
+        {"idx": 1, "question": "Was person 5 born in town 5 or town 6?", "answer": "town 5"},
+    ]
+    outside = write_jsonl(tmp_path / "hotpot_questions.jsonl", records)
+    kept, _ = outside_tasks(cfg, [outside], take=10)
+    assert len(kept["q_hotpotqa"]) == 2
+    kept, note = outside_tasks(cfg, [outside], take=10, drop_answer_in_question=True)
+    assert {t.id for ts in kept.values() for t in ts} == {"hotpot_questions:0"}
+    assert "2 in no recipe file, 1 not naming an answer in the question, 1 with an" in note
+
+
 def test_records_of_a_larger_pool_are_reused_and_a_smaller_one_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
