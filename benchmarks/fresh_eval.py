@@ -207,9 +207,10 @@ def outside_tasks(
     69% of the time; 234 of the 716's 286 nationality questions are "American").
     ``drop_answer_in_question`` leaves out the questions that name one of their answers
     (`answer_in_question`): mostly comparisons ("Which film came out first, X or Y?"),
-    where naming either option is right half the time without reading anything (25 of
-    the 272 chance-free questions of RESULTS.md: the RL models learned to name an option
-    and gained most of their points there).
+    where naming either option is right half the time without reading anything (26 of
+    the 272 chance-free questions of RESULTS.md, 25 of them comparisons: the RL models
+    learned to answer them with a name the question gives and gained most of their points
+    there).
 
     Questions are deduplicated across ``files`` (`dedupe`), dropped when their id or
     normalized question is in any train or eval file of the recipe (all of each file, not
