@@ -61,6 +61,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from agentr1.data import QASample
+    from agentr1.eval.compare import Paired
     from agentr1.retrieval import Passage
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "multihop_smollm2.yaml"
@@ -341,6 +342,15 @@ def answer_chances(
     return [max((1 - (1 - df(a)) ** k for a in ans), default=0.0) for ans in answers]
 
 
+def delta_cells(em: Paired, f1: Paired) -> str:
+    """Two markdown cells: the EM difference with its CI, better / worse and sign-test p;
+    the F1 difference with its CI and p."""
+    return (
+        f"{em.diff:+.3f} [{em.ci_low:+.3f}, {em.ci_high:+.3f}], {em.wins}/{em.losses}, "
+        f"{em.p_sign:.2g} | {f1.diff:+.3f} [{f1.ci_low:+.3f}, {f1.ci_high:+.3f}], {f1.p_sign:.2g}"
+    )
+
+
 def check_draws(model_dir: Path, rl_draws: int, seed: int) -> None:
     """Refuse a model whose run (``model_dir``'s parent, as the trainer writes it) drew
     more RL questions than ``rl_draws`` or drew them with another seed: its "untrained"
@@ -463,12 +473,19 @@ def main() -> None:
         help="--questions: leave out questions that name one of their answers "
         "('X or Y?' comparisons: naming either option is right half the time)",
     )
+    ap.add_argument(
+        "--also-against",
+        nargs="+",
+        default=[],
+        metavar="NAME",
+        help="also pair every other model with these (e.g. the baselines), on all questions",
+    )
     ap.add_argument("--recipe", default=str(RECIPE))
     ap.add_argument("overrides", nargs="*", help="section.field=value")
     args = ap.parse_args()
     # --splits and --questions take several values, so overrides written after them land
     # there: move them.
-    for name in ("splits", "questions"):
+    for name in ("splits", "questions", "also_against"):
         given = getattr(args, name) or []
         args.overrides += [s for s in given if "=" in s]
         setattr(args, name, [s for s in given if "=" not in s])
@@ -481,6 +498,9 @@ def main() -> None:
     names = [name for name, _ in models + rag]
     if len(set(names)) != len(names):
         ap.error(f"every --model and --naive-rag needs its own NAME (got {', '.join(names)})")
+    unknown = [n for n in args.also_against if n not in names]
+    if unknown:
+        ap.error(f"--also-against {', '.join(unknown)}: not a --model or --naive-rag NAME")
 
     from agentr1.eval.baselines import naive_rag
     from agentr1.eval.compare import paired
@@ -575,14 +595,21 @@ def main() -> None:
                 )
                 for m in ("em", "f1")
             )
-            vs = "reference |"
-            if name != ref:
-                vs = (
-                    f"{em.diff:+.3f} [{em.ci_low:+.3f}, {em.ci_high:+.3f}], {em.wins}/"
-                    f"{em.losses}, {em.p_sign:.2g} | {f1.diff:+.3f} [{f1.ci_low:+.3f}, "
-                    f"{f1.ci_high:+.3f}], {f1.p_sign:.2g}"
-                )
+            vs = delta_cells(em, f1) if name != ref else "reference |"
             md.append(f"| {name} | {title} | {em.n} | {em.mean_b:.3f} | {f1.mean_b:.3f} | {vs} |")
+    for other in args.also_against:
+        md += [
+            "",
+            f"Each model paired against `{other}`, all questions:",
+            "",
+            f"| model | n | `{other}` EM | EM | EM Δ [CI], better/worse, p | F1 Δ [CI], p |",
+            "|---|---|---|---|---|---|",
+        ]
+        for name in (n for n in names if n != other):
+            em, f1 = (paired(scores[(other, m)], scores[(name, m)], m) for m in ("em", "f1"))
+            md.append(
+                f"| {name} | {em.n} | {em.mean_a:.3f} | {em.mean_b:.3f} | {delta_cells(em, f1)} |"
+            )
     text = "\n".join(md) + "\n"
     (args.out / "fresh.md").write_text(text)
     print(text)

@@ -408,6 +408,39 @@ def test_records_of_a_larger_pool_are_reused_and_a_smaller_one_refused(
         fresh_eval.main()
 
 
+def test_also_against_pairs_every_model_with_a_baseline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, recipe, outside, out = outside_script(
+        tmp_path,
+        [
+            {"idx": 0, "question": "Which town was person 3 born in?", "answer": "town 3"},
+            {"idx": 1, "question": "Which town was person 5 born in?", "answer": "town 5"},
+        ],
+    )
+    out.mkdir()
+    # records already there: nothing is evaluated, only paired
+    for name, ems in (("rl", (1, 1)), ("warm", (1, 0)), ("base", (0, 0))):
+        rows = [
+            {"split": "q_hotpotqa", "task_id": f"hotpot_outside:{i}", "em": em, "f1": em}
+            for i, em in enumerate(ems)
+        ]
+        (out / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    argv = ["fresh_eval.py", "--out", str(out), "--recipe", str(recipe), "--questions", outside]
+    argv += ["--model", f"warm={model}", "--model", f"rl={model}", "--model", f"base={model}"]
+    # an override after the names is still an override
+    monkeypatch.setattr(sys, "argv", [*argv, "--also-against", "base", "task.top_k=2"])
+    fresh_eval.main()
+    md = (out / "fresh.md").read_text()
+    block = md.split("Each model paired against `base`, all questions:")[1]
+    assert "| warm | 2 | 0.000 | 0.500 | +0.500 [" in block and ", 1/0, 1 |" in block
+    assert "| rl | 2 | 0.000 | 1.000 | +1.000 [" in block and ", 2/0, 0.5 |" in block
+    assert "| base |" not in block
+    monkeypatch.setattr(sys, "argv", [*argv, "--also-against", "naive"])
+    with pytest.raises(SystemExit):
+        fresh_eval.main()  # not a model of the comparison
+
+
 def test_max_answer_chance_leaves_out_answers_a_random_top_k_would_show(tmp_path: Path) -> None:
     cfg = small_recipe(tmp_path)
     # 60 passages: "poet" is in the 20 "Person i" ones, "town 7" only in "Town 7".
