@@ -313,6 +313,13 @@ def test_the_script_tables_models_and_naive_rag_on_the_training_pool(
         fresh_eval.main()  # two rows named a
 
 
+# two outside questions whose answers a search of the question finds
+TWO_TOWN_QUESTIONS = [
+    {"idx": 0, "question": "Which town was person 3 born in?", "answer": "town 3"},
+    {"idx": 1, "question": "Which town was person 5 born in?", "answer": "town 5"},
+]
+
+
 def outside_script(tmp_path: Path, records: list[dict[str, Any]]) -> tuple[Path, Path, str, Path]:
     """For a run of the script on outside questions: a tiny model and its 6-question recipe,
     ``records`` as a question-only file, and the output folder."""
@@ -384,13 +391,7 @@ def test_drop_answer_in_question_leaves_out_the_questions_that_name_their_answer
 def test_records_of_a_larger_pool_are_reused_and_a_smaller_one_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    model, recipe, outside, out = outside_script(
-        tmp_path,
-        [
-            {"idx": 0, "question": "Which town was person 3 born in?", "answer": "town 3"},
-            {"idx": 1, "question": "Which town was person 5 born in?", "answer": "town 5"},
-        ],
-    )
+    model, recipe, outside, out = outside_script(tmp_path, TWO_TOWN_QUESTIONS)
     argv = ["fresh_eval.py", "--out", str(out), "--recipe", str(recipe), "--questions", outside]
     monkeypatch.setattr(sys, "argv", [*argv, "--model", f"a={model}"])
     fresh_eval.main()
@@ -411,13 +412,7 @@ def test_records_of_a_larger_pool_are_reused_and_a_smaller_one_refused(
 def test_also_against_pairs_every_model_with_a_baseline(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    model, recipe, outside, out = outside_script(
-        tmp_path,
-        [
-            {"idx": 0, "question": "Which town was person 3 born in?", "answer": "town 3"},
-            {"idx": 1, "question": "Which town was person 5 born in?", "answer": "town 5"},
-        ],
-    )
+    model, recipe, outside, out = outside_script(tmp_path, TWO_TOWN_QUESTIONS)
     out.mkdir()
     # records already there: nothing is evaluated, only paired
     for name, ems in (("rl", (1, 1)), ("warm", (1, 0)), ("base", (0, 0))):
