@@ -1,9 +1,11 @@
-"""Command line: ``agentr1 demo | train | eval | models | serve``.
+"""Command line: ``agentr1 demo | train | eval | compare | models | serve`` and the
+subcommands plug-ins add (``qa-eval``, `agentr1.tasks.registry.COMMANDS`).
 
     agentr1 demo [overrides...]                 the embedded default: world + tiny model
     agentr1 train RECIPE.yaml [overrides...]    e.g. algo.estimator=ppo train.steps=50
     agentr1 train RECIPE.yaml --resume          continue from the newest checkpoint
-    agentr1 eval --model smollm2-135m-instruct --dataset hotpotqa --max-tasks 8
+    agentr1 eval RECIPE.yaml --model runs/demo/final_model   any task's eval splits
+    agentr1 qa-eval --model smollm2-135m-instruct --dataset hotpotqa --max-tasks 8
     agentr1 compare A/eval_episodes.jsonl B/eval_episodes.jsonl --where label=after
     agentr1 models prepare smollm2-135m-instruct
     agentr1 serve retriever --corpus passages.jsonl --kind bm25|dense|hybrid [--port 8765]
@@ -29,49 +31,30 @@ def _train(recipe: str | None, overrides: list[str], resume: bool) -> int:
 
     try:
         cfg = load_config(recipe, overrides)
+        train(cfg, resume=resume)
     except ConfigError as e:
         print(f"agentr1: {e}", file=sys.stderr)
         return 2
-    train(cfg, resume=resume)
     return 0
 
 
 def _eval(args: argparse.Namespace) -> int:
-    """``agentr1 eval``: Naive RAG and / or tool calling on QA files; writes the report."""
-    import shlex
+    """``agentr1 eval RECIPE --model M``: any task's evaluation splits, no training."""
+    from agentr1.config import load_config
+    from agentr1.trainer.evaluation import evaluate
 
-    from agentr1.data import DataFormatError
-    from agentr1.eval.report import EvalJob, run_job
-
-    methods = ("naive_rag", "tool_call") if args.method == "both" else (args.method,)
-    job = EvalJob(
-        models=tuple(args.model),
-        methods=methods,
-        datasets=tuple(args.dataset or ("hotpotqa", "2wiki", "musique")),
-        data=tuple(args.data or ()),
-        format=args.format,
-        retriever=args.retriever,
-        corpus=args.corpus,
-        top_k=args.top_k,
-        passage_words=args.passage_words,
-        max_tasks=args.max_tasks,
-        max_turns=args.max_turns,
-        max_tokens_per_turn=args.max_tokens_per_turn,
-        max_context=args.max_context,
-        chat_template=args.chat_template,
-        dtype=args.dtype,
-        seed=args.seed,
-        data_dir=args.data_dir or "",
-        out=args.out,
-    )
+    overrides = list(args.overrides)
+    if args.model:
+        overrides.append(f"model.path={args.model}")
     try:
-        job.validate()
-        _, js, md = run_job(job, "agentr1 " + shlex.join(sys.argv[1:]))
-    except (OSError, DataFormatError, ValueError) as e:
+        cfg = load_config(args.recipe, overrides)
+        evaluate(cfg, splits=args.split or None, out=args.out)
+    except (ConfigError, OSError, ValueError) as e:
         print(f"agentr1 eval: {e}", file=sys.stderr)
         return 2
+    md = Path(args.out) / "results.md"
     print(md.read_text(encoding="utf-8"))
-    print(f"wrote {js} and {md}")
+    print(f"wrote {md}, results.json and episodes.jsonl in {args.out}")
     return 0
 
 
@@ -97,31 +80,13 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _add_eval_parser(sub: Any) -> None:
-    """The ``eval`` subcommand's arguments (see `agentr1.eval.report.EvalJob`)."""
-    from agentr1.data import QA_FORMATS
-
-    p = sub.add_parser("eval", help="evaluate models on multi-hop QA (Naive RAG, tool calling)")
-    p.add_argument("--model", nargs="+", required=True, help="model dir, hub id or alias")
-    p.add_argument("--method", choices=["naive_rag", "tool_call", "both"], default="both")
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--data", nargs="+", metavar="FILE", help="question files")
-    src.add_argument("--dataset", nargs="+", choices=["hotpotqa", "2wiki", "musique"])
-    p.add_argument("--format", choices=QA_FORMATS, default=None, help="format of --data files")
-    p.add_argument("--retriever", default="bm25", help="bm25 | dense | hybrid | http://URL")
-    p.add_argument("--corpus", choices=["eval", "contexts", "contexts+wiki"], default="contexts")
-    p.add_argument("--top-k", type=int, default=5)
-    p.add_argument(
-        "--passage-words", type=int, default=0, help="words kept of each passage (0 = all)"
-    )
-    p.add_argument("--max-tasks", type=int, default=0, help="questions per dataset (0 = all)")
-    p.add_argument("--max-turns", type=int, default=5)
-    p.add_argument("--max-tokens-per-turn", type=int, default=256)
-    p.add_argument("--max-context", type=int, default=4096)
-    p.add_argument("--chat-template", choices=["qwen2.5", "model"], default="qwen2.5")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--data-dir", default=None, help="raw data root (default: shared/data/raw)")
-    p.add_argument("--out", default="runs/eval", help="writes results.json and results.md here")
+    """``agentr1 eval``: a recipe's task, a model, its evaluation splits."""
+    p = sub.add_parser("eval", help="evaluate a model on a recipe's task (any task), no training")
+    p.add_argument("recipe", nargs="?", default=None, help="YAML recipe (default: the demo's)")
+    p.add_argument("overrides", nargs="*", help="section.field=value, e.g. task.name=world")
+    p.add_argument("--model", default=None, help="model dir, hub id or alias (model.path)")
+    p.add_argument("--split", nargs="+", default=None, help="splits (default: the task's)")
+    p.add_argument("--out", default="runs/eval", help="writes results.md / .json, episodes.jsonl")
 
 
 def data_corpus(entries: list[str], data_dir: str | None, wiki: bool) -> list[Any]:
@@ -129,8 +94,7 @@ def data_corpus(entries: list[str], data_dir: str | None, wiki: bool) -> list[An
     files (or dataset folders) ``entries`` under ``data_dir`` (default: the raw data
     root), plus the Wikipedia distractors with ``wiki``; ids as in training
     (`agentr1.data.paragraph_id`), so a served corpus matches an in-process one."""
-    from agentr1.data import default_data_dir
-    from agentr1.trainer.qa_setup import Loader, files_corpus, resolve_entry
+    from agentr1.data import Loader, default_data_dir, files_corpus, resolve_entry
 
     root = Path(data_dir).expanduser() if data_dir else default_data_dir()
     load = Loader()
@@ -204,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         nargs="+",
         metavar="ENTRY",
         help="question files or dataset folders (e.g. hotpotqa 2wikimultihopqa musique): "
-        "serve their context paragraphs, as a task.kind=qa run builds its corpus",
+        "serve their context paragraphs, as a multihop_qa run builds its corpus",
     )
     p_serve.add_argument("--data-dir", default=None, help="raw data root for --data entries")
     p_serve.add_argument(
@@ -217,6 +181,14 @@ def main(argv: list[str] | None = None) -> int:
     p_serve.add_argument("--max-batch", type=int, default=64, help="queries per request")
     p_serve.add_argument("--max-query-chars", type=int, default=1000)
     p_serve.add_argument("--max-top-k", type=int, default=50)
+    plugins = _add_plugin_commands(sub)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["eval"] and any(a in _QA_EVAL_FLAGS for a in argv):
+        print(
+            "agentr1: the paper's QA evaluation is `agentr1 qa-eval` (same options)",
+            file=sys.stderr,
+        )
+        return 2
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -249,7 +221,26 @@ def main(argv: list[str] | None = None) -> int:
         return _serve_retriever(args)
     if args.cmd == "compare":
         return _compare(args)
+    if args.cmd in plugins:
+        return plugins[args.cmd].run(args)
     return 1
+
+
+_QA_EVAL_FLAGS = ("--dataset", "--data", "--method", "--retriever", "--corpus")
+"""Options of the old QA-only ``agentr1 eval``, now ``agentr1 qa-eval``."""
+
+
+def _add_plugin_commands(sub: Any) -> dict[str, Any]:
+    """The subcommands plug-ins registered (`agentr1.tasks.registry.COMMANDS`)."""
+    from agentr1.tasks.registry import COMMANDS
+
+    out = {}
+    for name in COMMANDS.names():
+        cmd = COMMANDS.get(name)
+        p = sub.add_parser(name, help=cmd.help, description=cmd.description or cmd.help)
+        cmd.add_arguments(p)
+        out[name] = cmd
+    return out
 
 
 if __name__ == "__main__":

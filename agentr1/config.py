@@ -7,13 +7,14 @@ point, saying why a bad value would hurt. Nothing mutates a config after that.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from agentr1 import configutil
-from agentr1.algorithms.registry import advantage_names
-from agentr1.envs.world import WorldConfig
+from agentr1.algorithms.registry import get_advantage
 from agentr1.rewards.process import ProcessRewardConfig
 from agentr1.rollout.loop import RolloutConfig
 
@@ -99,116 +100,44 @@ class ModelConfig:
     for tiny models that learn the format from SFT)."""
 
 
-QA_TRAIN_FILES = (
-    "hotpotqa/hipporag_hotpotqa_train_100.json",
-    "hotpotqa/rpt_hotpotqa_devsplit_train_300.jsonl",
-    "hotpotqa/rpt_hotpotqa_devsplit_dev_300.jsonl",
-    "2wikimultihopqa/migres_2wiki_train_500_decomposed.json",
-)
-"""Default training questions: every HotpotQA and 2Wiki file with context paragraphs except
-the HotpotQA eval file (RPT's files come from HotpotQA dev: the questions they share with
-the eval set are dropped from training; the 2Wiki file is shared with its eval split)."""
-
-QA_EVAL_FILES = {
-    "hotpotqa": ["hotpotqa/ircot_hotpotqa_dev_subsampled_500.jsonl"],
-    "2wiki": ["2wikimultihopqa/migres_2wiki_train_500_decomposed.json"],
-    "musique": ["musique/migres_musique_dev_200.jsonl"],
-}
-"""Default eval splits: HotpotQA dev (IRCoT), a held-out part of 2Wiki (MIGRES; no 2Wiki dev
-file with context ships here) and MuSiQue dev (MIGRES, out of domain)."""
-
-
-@dataclass(frozen=True)
-class QAConfig:
-    """Real multi-hop QA data (task.kind = "qa"): questions, splits, corpus, retriever.
-
-    File entries are resolved in order as: an existing path; a path under ``data_dir``; a
-    dataset folder name under ``data_dir`` (every file of it with context paragraphs).
-    """
-
-    train: list[str] = field(default_factory=lambda: list(QA_TRAIN_FILES))
-    """Training question files or dataset names. Every question that is in an eval split
-    (same id or same normalized question) is removed from training."""
-    eval: dict[str, list[str]] = field(default_factory=dict)
-    """Eval split name -> question files or dataset names; empty = `QA_EVAL_FILES`. (Empty,
-    not a filled default: a recipe's mapping replaces the default splits instead of being
-    merged into them.) A file may also be a training file: its eval questions are held out
-    and the rest train."""
-    n_train: int = 0
-    """Training questions kept (a seeded sample; 0 = all)."""
-    n_eval: int = 100
-    """Questions per eval split (a seeded sample; 0 = all). Selected before training is
-    filtered, so a file shared with training gives n_eval questions to eval."""
-    corpus: Literal["contexts", "contexts+wiki"] = "contexts"
-    """"contexts" = every context paragraph of every loaded question file (train and eval,
-    all records, so the corpus does not change with n_train / n_eval); "contexts+wiki" adds
-    the Wikipedia files under ``data_dir/wikipedia`` as distractors."""
-    retriever: str = "bm25"
-    """"bm25", "dense" (all-MiniLM-L6-v2), "hybrid" (RRF of both) or the http:// URL of an
-    ``agentr1 serve retriever`` (which then holds the corpus)."""
-    split_seed: int = 0
-    """Seed of the eval and training samples (an id-hash order, independent of file order)."""
-    data_dir: str = ""
-    """Root of the raw data; "" = ``$AGENTR1_DATA`` or ``../shared/data/raw``."""
-
-    @property
-    def eval_files(self) -> dict[str, list[str]]:
-        """The eval splits in effect: ``eval``, or `QA_EVAL_FILES` when it is empty."""
-        return self.eval or {k: list(v) for k, v in QA_EVAL_FILES.items()}
-
-    def validate(self) -> None:
-        """Raise ValueError listing every bad value."""
-        errors = []
-        if not self.train:
-            errors.append("train: at least one training file is needed")
-        for name, files in self.eval_files.items():
-            if (
-                not isinstance(files, list)
-                or not files
-                or not all(isinstance(f, str) for f in files)
-            ):
-                errors.append(f"eval.{name}: expected a non-empty list of files, got {files!r}")
-        if self.n_train < 0 or self.n_eval < 0:
-            errors.append("n_train and n_eval must be >= 0 (0 = all)")
-        kinds = ("bm25", "dense", "hybrid")
-        if self.retriever not in kinds and not self.retriever.startswith(("http://", "https://")):
-            errors.append(
-                f"retriever={self.retriever!r}: use one of {', '.join(kinds)} or an http:// URL"
-            )
-        if errors:
-            raise ValueError("; ".join(errors))
-
-
 @dataclass(frozen=True)
 class TaskConfig:
-    """What the agent is trained on."""
+    """What the agent is trained on: a task plug-in and the recipe's choices on top of it.
 
-    kind: Literal["world", "qa"] = "world"
-    """"world" = the embedded fictional multi-hop world; "qa" = real multi-hop QA (`qa`)."""
-    world: WorldConfig = field(default_factory=lambda: WorldConfig(ood_types=("comparison",)))
-    """World generator settings (kind = "world"). The demo holds comparison questions out
-    of training ("Who was born first, A or B?" needs comparing numbers, a skill the other
-    types never use) and tests them, with the 4-hop questions, as test_ood."""
-    qa: QAConfig = field(default_factory=QAConfig)
-    """Data, splits, corpus and retriever (kind = "qa")."""
-    top_k: int = 1
-    """Passages the search tool returns per call."""
-    passage_words: int = 0
-    """Words kept of each passage's text in a search result; 0 = the whole passage. The
-    real corpus's passages average ~130 tokens (p99 ~380), so two long ones can fill a
-    small context; 80 words keep the answer string of 95% of supporting passages."""
+    Every reference below is a registered name or an import path (``my_pkg.mod:name``,
+    or a ``.py`` file, looked for next to the recipe first); `agentr1.registry` resolves
+    them and an unknown one is refused with the valid names.
+    """
+
+    name: str = "world"
+    """The task: "world" (the embedded multi-hop world), "multihop_qa" (real multi-hop QA),
+    a registered name, an import path to a factory (``my_pkg.tasks:make_task``) or a Python
+    file (``units_task.py``, its ``make_task``) (`agentr1.tasks`)."""
+    config: dict[str, Any] = field(default_factory=dict)
+    """The task's own settings, checked against its factory's config dataclass (an unknown
+    field or a bad value names ``task.config.<field>``): `agentr1.tasks.world.WorldTaskConfig`,
+    `agentr1.tasks.multihop_qa.QATaskConfig`, or a user task's."""
+    tools: list[str | dict[str, Any]] = field(default_factory=list)
+    """Replaces the task's tools when not empty: names (``search``, ``calculator``,
+    ``python``, ``mcp``), import paths, or ``{name: ..., <option>: ...}`` for a tool factory
+    (`agentr1.tools.registry`). A name the task provides (its ``search``) means its own."""
     system_prompt: str | None = None
-    """System message; None = none for "world" (a tiny model learns the format from SFT),
-    `agentr1.envs.qa_env.QA_SYSTEM_PROMPT` for "qa"."""
-    outcome_reward: Literal["em", "f1", "cover_em", "em_format"] = "em"
-    """Outcome reward; "em" equals the evaluation metric."""
+    """The system message; None = the task's own; "auto" = built from the tools; "" = none."""
+    outcome_reward: str = ""
+    """Replaces the task's outcome reward when set: em, f1, cover_em, em_format or an import
+    path to ``(answer, task) -> float`` (`agentr1.rewards.OUTCOME_REWARDS`)."""
     process: ProcessRewardConfig = field(default_factory=ProcessRewardConfig)
-    """Process rewards; `enabled: false` = outcome-only."""
+    """The built-in process rewards on tool calls and evidence; `enabled: false` = none."""
+    process_rewards: dict[str, float] = field(default_factory=dict)
+    """More process rewards, name or import path -> weight, summed per turn:
+    valid_call, invalid_call (a count: give it a negative weight), repeated_query (a count),
+    new_evidence, evidence_shaping, or ``StepContext -> float`` functions of your own."""
 
 
 @dataclass(frozen=True)
 class SFTConfig:
-    """Supervised warm start on scripted demonstrations (same tensors and masks as RL)."""
+    """Supervised warm start on the task's scripted demonstrations (same tensors and masks
+    as RL; `agentr1.tasks.Demonstrations`)."""
 
     enabled: bool = True
     """Run the warm start before RL (skipped when resuming)."""
@@ -219,27 +148,13 @@ class SFTConfig:
     lr: float = 3e-3
     """Peak AdamW learning rate (5% linear warmup, then cosine decay to 10%)."""
     demos: int = 1500
-    """Demonstration episodes generated from training tasks."""
-    demo_worlds: int = 4
-    """Demonstrations come from this many other worlds (same word pools, other seeds, so
-    other facts); 0 = from the task's own training questions. Facts a tiny model cannot
-    memorize force it to learn to read its search results, which is what transfers."""
-    own_world_demos: bool = True
-    """Also demonstrate on the task world's own training questions (one more source,
-    sharing `demos` evenly). Its names then occur in SFT text: a name the model has never
-    seen is a rare token that it copies poorly ("country of Silanor" for any city)."""
-    early_answer_prob: float = 0.6
-    """Fraction of multi-hop demonstrations that answer after the first search (so the
-    warm-started policy is imperfect and RL has something to fix)."""
+    """Demonstration episodes, drawn from the task's demonstration sources (shared out
+    evenly between them)."""
     context_loss_weight: float = 1.0
     """Weight of a language-modelling loss on the demonstrations' context tokens (the
     question and the search results), added to the loss on the agent's own tokens. A tiny
     model trained from scratch learns to copy names from text this way (names recur in
     every passage); 0 = train on the agent's tokens only. RL never trains context tokens."""
-    notes: bool = False
-    """Demonstrations restate each fact they read ("X has father Y.") before their next
-    call or answer: a scratchpad the agent can copy from. With one-fact passages (the
-    world's default) they are not needed and cost tokens (benchmarks/RESULTS.md)."""
 
 
 @dataclass(frozen=True)
@@ -330,8 +245,8 @@ class TrainConfig:
     eval_every: int = 0
     """Steps between evaluations (0 = only before and after)."""
     keep_best: bool = False
-    """Also write ``best_model/``: the weights with the highest greedy EM (mean over
-    ``eval.splits``) among the evaluations before RL, every ``eval_every`` steps and
+    """Also write ``best_model/``: the weights with the highest greedy score of the task's
+    headline metric (EM for the built-in tasks; mean over ``eval.splits``) among the evaluations before RL, every ``eval_every`` steps and
     after RL; ties keep the earlier. The step and EM go to the summary as ``best_model``. A model
     chosen on the eval questions needs other questions to be tested on."""
     log_trajectories: int = 2
@@ -348,8 +263,9 @@ class TrainConfig:
 class EvalConfig:
     """Evaluation before and after RL."""
 
-    splits: tuple[str, ...] = ("test", "test_ood")
-    """Task splits to evaluate."""
+    splits: tuple[str, ...] = ()
+    """Task splits to evaluate; empty = the task's evaluation splits (the embedded world:
+    test and test_ood)."""
     max_tasks: int = 0
     """Tasks per split (0 = all)."""
     sampled_n: int = 1
@@ -366,7 +282,13 @@ class EvalConfig:
 
 @dataclass(frozen=True)
 class Config:
-    """A whole run."""
+    """A whole run: one typed section per stage (model, task, rollout, sft, algo, optim,
+    train, eval), every field documented where it is declared.
+
+    Build it with `load_config` (a YAML recipe plus ``section.field=value`` overrides,
+    checked once) or in Python, ``dataclasses.replace(load_config(None), ...)``; call
+    `validate` on one built by hand. A run never changes its config.
+    """
 
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
@@ -388,9 +310,10 @@ class Config:
         """Check values once; each message says what is wrong and why it matters."""
         errors: list[str] = []
         a, o, r, t = self.algo, self.optim, self.rollout, self.train
-        names = advantage_names()
-        if a.estimator not in names:
-            errors.append(f"algo.estimator={a.estimator!r} is unknown; valid: {', '.join(names)}")
+        try:
+            get_advantage(a.estimator)
+        except ValueError as e:
+            errors.append(f"algo.estimator: {e}")
         group_based = {"grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline"}
         if a.estimator in group_based and r.n_samples < 2:
             errors.append(
@@ -424,10 +347,6 @@ class Config:
             errors.append(
                 f"model.tiny.hidden_size={tm.hidden_size} must divide by heads={tm.heads}"
             )
-        if self.sft.demo_worlds < 0:
-            errors.append("sft.demo_worlds must be >= 0 (0 = the task's own questions)")
-        if not 0 <= self.sft.early_answer_prob <= 1:
-            errors.append("sft.early_answer_prob is a probability: it must be in [0, 1]")
         if self.train.keep_best and self.train.eval_every < 1:
             errors.append(
                 "train.keep_best needs train.eval_every >= 1: the best model is chosen among "
@@ -441,12 +360,6 @@ class Config:
             errors.append(
                 "sft.context_loss_weight must be >= 0: a negative weight would train the model "
                 "to *unlearn* the text it reads"
-            )
-        if self.task.top_k < 1:
-            errors.append("task.top_k must be >= 1: a search that returns nothing teaches nothing")
-        if self.task.passage_words < 0:
-            errors.append(
-                f"task.passage_words={self.task.passage_words}: expected >= 0 (0 = whole passages)"
             )
         if self.model.keep_kv_gib < 0:
             errors.append(
@@ -465,39 +378,89 @@ class Config:
                 f"task.process.no_answer={self.task.process.no_answer}: expected >= 0 (a "
                 "penalty, subtracted); a negative one would pay the policy not to answer"
             )
-        try:
-            self.task.world.validate()
-        except ValueError as e:
-            errors.append(f"task.world: {e}")
-        if self.task.kind == "qa":
-            errors.extend(self._qa_errors())
+        errors.extend(self._task_errors())
         if errors:
             raise configutil.ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
 
-    def _qa_errors(self) -> list[str]:
-        """Checks that only apply to task.kind = "qa"."""
+    def _task_errors(self) -> list[str]:
+        """The task reference, its config section and the rewards it names resolve."""
+        from agentr1.rewards import outcome_reward, weighted_process_reward
+        from agentr1.tasks.registry import resolve_task
+
         errors = []
         try:
-            self.task.qa.validate()
+            resolve_task(self.task.name).config(self.task.config)
         except ValueError as e:
-            errors.append(f"task.qa: {e}")
-        if self.model.path == "tiny":
-            errors.append(
-                'model.path="tiny" with task.kind="qa": the tiny model\'s tokenizer is built '
-                "for the world's text; give a model directory, hub id or smollm2-135m-instruct"
-            )
-        splits = self.task.qa.eval_files
-        unknown = [s for s in self.eval.splits if s not in splits]
-        if unknown:
-            errors.append(
-                f"eval.splits {unknown} are not task.qa.eval splits "
-                f"({', '.join(splits)}): nothing would be evaluated on them"
-            )
+            errors.append(str(e) if str(e).startswith("task.") else f"task.name: {e}")
+        if self.task.outcome_reward:
+            try:
+                outcome_reward(self.task.outcome_reward)
+            except ValueError as e:
+                errors.append(f"task.outcome_reward: {e}")
+        bad = {k: v for k, v in self.task.process_rewards.items() if not _is_number(v)}
+        if bad:
+            errors.append(f"task.process_rewards: weights must be numbers, got {bad}")
+        else:
+            try:
+                weighted_process_reward(self.task.process_rewards)
+            except ValueError as e:
+                errors.append(f"task.process_rewards: {e}")
         return errors
 
 
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Load and validate a recipe (YAML) with ``section.field=value`` overrides."""
+    """Load and validate a recipe (YAML) with ``section.field=value`` overrides.
+
+    Relative ``.py`` file references (``task.name: units.py``, a tool, a reward, an
+    estimator) are made absolute when the file is next to the recipe, so the run's
+    ``config.yaml`` still finds them. ``task.config`` comes back complete: the task's
+    config dataclass with every default filled in.
+    """
+    base = Path(path).resolve().parent if path is not None else None
     cfg = configutil.load(Config, path, overrides)
+    if base is not None:
+        cfg = anchor_file_refs(cfg, base)
     cfg.validate()
-    return cfg
+    return with_task_defaults(cfg)
+
+
+def with_task_defaults(cfg: Config) -> Config:
+    """``cfg`` with ``task.config`` as the task's full config (every field, defaults in)."""
+    from agentr1.tasks.registry import resolve_task
+
+    typed = resolve_task(cfg.task.name).config(cfg.task.config)
+    full = configutil.to_dict(typed) if typed is not None else {}
+    return dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, config=full))
+
+
+def _anchor(ref: str, base: Path) -> str:
+    """``ref`` with a relative ``.py`` file next to ``base`` made absolute (else as is)."""
+    head, sep, attr = ref.rpartition(":")
+    file = head if sep and head.endswith(".py") else ref if ref.endswith(".py") else None
+    if file is None or Path(file).is_absolute() or not (base / file).is_file():
+        return ref
+    return str((base / file).resolve()) + (f":{attr}" if file == head else "")
+
+
+def anchor_file_refs(cfg: Config, base: Path) -> Config:
+    """`load_config`'s anchoring of relative file references at the recipe's folder."""
+    t = cfg.task
+    tools = [
+        {**e, "name": _anchor(str(e.get("name", "")), base)}
+        if isinstance(e, dict)
+        else _anchor(e, base)
+        for e in t.tools
+    ]
+    task = dataclasses.replace(
+        t,
+        name=_anchor(t.name, base),
+        tools=tools,
+        outcome_reward=_anchor(t.outcome_reward, base) if t.outcome_reward else "",
+        process_rewards={_anchor(k, base): v for k, v in t.process_rewards.items()},
+    )
+    algo = dataclasses.replace(cfg.algo, estimator=_anchor(cfg.algo.estimator, base))
+    return dataclasses.replace(cfg, task=task, algo=algo)

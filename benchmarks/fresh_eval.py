@@ -1,7 +1,7 @@
 """Re-test a comparison on fresh questions: greedy evals of several models on eval-split
 questions that no run of the recipe has seen, then each model paired against the first.
 
-A difference first seen on the recipe's ``task.qa.n_eval`` questions per split (and
+A difference first seen on the recipe's ``task.config.n_eval`` questions per split (and
 tested there) is a hypothesis; this script tests it again on new data. The fresh
 questions of a split are the next ``--take`` in the split's seeded order (the recipe's own
 n_eval come first, `agentr1.data.split`), minus every question the recipe trains on (by id
@@ -11,7 +11,7 @@ or normalized question): a split whose file is also a training file (2Wiki in
     PYTHONPATH=. .venv/bin/python benchmarks/fresh_eval.py --out runs/multihop_real2/fresh \\
         --model warm=runs/multihop_real2/warm_start/final_model \\
         --model grpo40=runs/multihop_real2/grpo/final_model \\
-        --take 200 --splits hotpotqa musique task.qa.data_dir=../shared/data/raw
+        --take 200 --splits hotpotqa musique task.config.data_dir=../shared/data/raw
 
 A second re-test on still newer questions takes more and skips those of the first
 (``--take 400 --skip 185``: the first took 200 and found 185 fresh).
@@ -25,7 +25,7 @@ more is refused). The recipe's pool holds 1,092 questions; 400 demonstrated and 
     PYTHONPATH=. .venv/bin/python benchmarks/fresh_eval.py --out runs/multihop_real2L/pool \\
         --model warm=runs/multihop_real2/warm_start/final_model \\
         --model grpo=runs/multihop_real2L/grpo/final_model \\
-        --train-pool 200 --take 1000 task.qa.data_dir=../shared/data/raw
+        --train-pool 200 --take 1000 task.config.data_dir=../shared/data/raw
 
 When the recipe's files are used up, ``--questions FILE...`` tests on questions of other
 files (question-only ones too) that no recipe file holds and whose answer a search of the
@@ -34,7 +34,7 @@ question finds (`outside_tasks`; a rule that looks at no model):
     PYTHONPATH=. .venv/bin/python benchmarks/fresh_eval.py --out runs/multihop_real2W/outside \\
         --questions train_mixed/r1searcher_train_stage2_8148.jsonl --take 1000 \\
         --model warm=runs/multihop_real2/warm_start/final_model \\
-        --model grpo45=runs/multihop_real2W/grpo/final_model task.qa.data_dir=../shared/data/raw
+        --model grpo45=runs/multihop_real2W/grpo/final_model task.config.data_dir=../shared/data/raw
 
 ``--answer-top-k 20 --answer-after 5`` keeps the questions whose answer is in the top 20
 but not the top 5: a pool apart from the first, where one search of the question does not
@@ -55,7 +55,11 @@ from typing import TYPE_CHECKING
 
 from agentr1.config import Config, load_config
 from agentr1.fileio import write_atomic
+from agentr1.rewards import ANSWER_METRICS
+from agentr1.tasks import task_config
 from agentr1.types import Task
+
+METRICS = tuple(ANSWER_METRICS)
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -80,13 +84,13 @@ def fresh_tasks(
     import dataclasses
 
     from agentr1.data import normalize_question, seeded_rank
-    from agentr1.trainer.qa_setup import load_qa_data
+    from agentr1.tasks.multihop_qa import load_qa_data
 
-    qa = cfg.task.qa
+    qa = task_config(cfg.task)
     if skip < 0 or take <= 0:
         raise ValueError(f"--take must be positive and --skip at least 0 (got {take}, {skip})")
     if qa.n_eval <= 0:
-        raise ValueError("task.qa.n_eval is 0: every question is already an eval question")
+        raise ValueError("task.config.n_eval is 0: every question is already an eval question")
     bad = [name for name in splits if name not in qa.eval_files]
     if bad:
         raise ValueError(
@@ -131,15 +135,15 @@ def untrained_tasks(
     order whatever S, so excluding the first ``rl_draws`` covers every run that drew no
     more. The pool is taken in the seeded order (`seeded_rank`): ``skip`` drops its first
     questions, ``take`` caps the rest, so later re-tests can continue where one stopped."""
+    from agentr1.tasks.multihop_qa import load_qa_data
     from agentr1.trainer.loop import TaskSampler, demo_picks
-    from agentr1.trainer.qa_setup import load_qa_data
 
     if skip < 0 or take <= 0 or rl_draws < 0:
         raise ValueError(
             f"--take must be positive, --skip and --train-pool at least 0 "
             f"(got {take}, {skip}, {rl_draws})"
         )
-    qa = cfg.task.qa
+    qa = task_config(cfg.task)
     train = load_qa_data(qa).tasks["train"]
     demos = demo_picks([train], cfg.sft.demos, cfg.train.seed)[0] if cfg.sft.enabled else []
     drawn = TaskSampler(train, cfg.train.seed).sample(rl_draws) if train else []
@@ -216,12 +220,12 @@ def outside_tasks(
     Questions are deduplicated across ``files`` (`dedupe`), dropped when their id or
     normalized question is in any train or eval file of the recipe (all of each file, not
     only the sampled splits), filtered, then taken in the seeded order (`seeded_rank`,
-    ``task.qa.split_seed``): ``skip`` drops the first, ``take`` caps the rest."""
-    from agentr1.data import dedupe, normalize_question
-    from agentr1.envs.qa_env import retriever_from_spec
+    ``task.config.split_seed``): ``skip`` drops the first, ``take`` caps the rest."""
+    from agentr1.data import Loader, dedupe, normalize_question, resolve_entry
+    from agentr1.retrieval import retriever_from_spec
     from agentr1.rewards.qa import cover_exact_match
+    from agentr1.tasks.multihop_qa import data_root, load_qa_data
     from agentr1.tools.search import clip_words
-    from agentr1.trainer.qa_setup import Loader, data_root, load_qa_data, resolve_entry
 
     if skip < 0 or take <= 0 or answer_top_k <= 0:
         raise ValueError(
@@ -235,7 +239,7 @@ def outside_tasks(
             f"--answer-after must be at least 0 and below --answer-top-k "
             f"(got {answer_after}, {answer_top_k})"
         )
-    qa = cfg.task.qa
+    qa = task_config(cfg.task)
     load = Loader()
     data = load_qa_data(qa, load)
     # Every question of every recipe file, not only those its splits sampled.
@@ -258,7 +262,7 @@ def outside_tasks(
     if drop_answer_in_question:
         new = [s for s in new if not answer_in_question(s.question, s.answers)]
     n_no_answer_in_question = len(new)
-    words = cfg.task.passage_words
+    words = task_config(cfg.task).passage_words
     if max_answer_chance < 1.0:
         chances = answer_chances(data.passages, [list(s.answers) for s in new], words, answer_top_k)
         new = [s for s, c in zip(new, chances, strict=True) if c <= max_answer_chance]
@@ -502,9 +506,9 @@ def main() -> None:
     if unknown:
         ap.error(f"--also-against {', '.join(unknown)}: not a --model or --naive-rag NAME")
 
-    from agentr1.eval.baselines import naive_rag
     from agentr1.eval.compare import paired
     from agentr1.eval.evaluate import episode_record, evaluate
+    from agentr1.tasks.multihop_qa.baselines import naive_rag
     from agentr1.trainer.setup import build_setup
 
     base = load_config(args.recipe, args.overrides)
@@ -543,12 +547,12 @@ def main() -> None:
             if name in rag_names:
                 res = naive_rag(
                     ts,
-                    setup.make_env.retriever,
+                    setup.task.tools[0].retriever,
                     setup.generator,
                     setup.chat,
                     top_k=args.rag_top_k,
                     rollout=base.rollout,
-                    passage_words=base.task.passage_words,
+                    passage_words=task_config(base.task).passage_words,
                 )
             else:
                 res = evaluate(
@@ -559,10 +563,12 @@ def main() -> None:
                     base.rollout,
                     0.0,
                     batch_tasks=base.eval.batch_tasks,
+                    metrics=setup.task.metric_names,
+                    breakdown=setup.task.breakdown,
                 )
             by_id = {t.id: t for t in ts}
             lines += [
-                json.dumps({"split": split, **episode_record(t, by_id[t.task_id])})
+                json.dumps({"split": split, **episode_record(t, by_id[t.task_id], METRICS)})
                 for t in res.trajectories
             ]
             g = res.by_group["all"]

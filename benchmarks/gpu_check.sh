@@ -52,7 +52,7 @@ done
 if [ -n "$DATA" ] && part prepare $PY -m agentr1.cli models prepare smollm2-135m-instruct; then
     R=$OUT/multihop
     # GPU sizes: 8 questions x 6 samples a step, every eval question in one batch.
-    O=(--root "$R" --docs "$R" "task.qa.data_dir=$DATA" model.device=cuda
+    O=(--root "$R" --docs "$R" "task.config.data_dir=$DATA" model.device=cuda
        eval.batch_tasks=300 optim.micro_batch_size=24 train.tasks_per_step=8
        train.checkpoint_every=10)
     part mh_warm $PY benchmarks/multihop_real.py warm "${O[@]}"

@@ -13,7 +13,7 @@ calls per episode; then the process's peak RSS. The first step pays one-off cost
 init, allocator growth): the summary is the median of the later ones.
 
     .venv/bin/python benchmarks/grpo_step.py --steps 4 \\
-        --model runs/multihop_real2/warm_start/final_model task.qa.data_dir=../shared/data/raw
+        --model runs/multihop_real2/warm_start/final_model task.config.data_dir=../shared/data/raw
 
 Extra ``section.field=value`` overrides go to the recipe (e.g. ``optim.minibatches=4``).
 """

@@ -2,7 +2,7 @@
 real multi-hop QA rollout (`agentr1.rollout.run_rollout` with the `hf` generator).
 
     .venv/bin/python benchmarks/kept_cache.py --questions 2 --samples 8 --repeats 2 \\
-        --model runs/multihop_real2/warm_start/final_model task.qa.data_dir=../shared/data/raw
+        --model runs/multihop_real2/warm_start/final_model task.config.data_dir=../shared/data/raw
 
 The recipe's sampler (bf16 copy) and BM25 search, from a model that searches (the SFT warm
 start by default). The same rollout (same questions, samples and seed) runs with

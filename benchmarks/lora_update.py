@@ -9,7 +9,7 @@ as configured (q/k/v and gate/up adapters share one product of their input,
 adapters). Reports the median update time of each, the ratios, and what each keeps
 besides the weights (gradients and AdamW moments, in bytes).
 
-    .venv/bin/python benchmarks/lora_update.py --rounds 3 task.qa.data_dir=../shared/data/raw
+    .venv/bin/python benchmarks/lora_update.py --rounds 3 task.config.data_dir=../shared/data/raw
 
 The whole GRPO step with LoRA: ``benchmarks/grpo_step.py ... model.lora.rank=16``.
 """

@@ -40,6 +40,7 @@ from typing import Any
 
 from agentr1.config import Config, load_config
 from agentr1.fileio import write_atomic
+from agentr1.tasks import task_config
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "multihop_smollm2.yaml"
 VARIANTS = {"grpo": ["algo.estimator=grpo"], "ppo": ["algo.estimator=gae"]}
@@ -53,8 +54,8 @@ def config(args: argparse.Namespace, extra: list[str], defaults: tuple[str, ...]
 
 def baselines(args: argparse.Namespace) -> None:
     """Naive RAG and Base Tool Call with the untrained model -> ROOT/baselines.json."""
-    from agentr1.eval.baselines import naive_rag
     from agentr1.eval.evaluate import evaluate
+    from agentr1.tasks.multihop_qa.baselines import naive_rag
     from agentr1.trainer.setup import build_setup
 
     out = args.root / "baselines.json"
@@ -69,18 +70,29 @@ def baselines(args: argparse.Namespace) -> None:
         t0 = time.perf_counter()
         rag = naive_rag(
             tasks,
-            setup.make_env.retriever,
+            setup.task.tools[0].retriever,
             setup.generator,
             setup.chat,
             top_k=args.rag_top_k,
             rollout=cfg.rollout,
-            passage_words=cfg.task.passage_words,
+            passage_words=task_config(cfg.task).passage_words,
         )
-        tool = evaluate(tasks, setup.make_env, setup.generator, setup.chat, cfg.rollout, 0.0, 1, 1)
+        names = setup.task.metric_names
+        tool = evaluate(
+            tasks,
+            setup.make_env,
+            setup.generator,
+            setup.chat,
+            cfg.rollout,
+            0.0,
+            1,
+            1,
+            metrics=names,
+        )
         res["naive_rag"][split] = {"by_group": rag.by_group, "stop_reasons": rag.stop_reasons}
         res["tool_call"][split] = {"by_group": tool.by_group, "stop_reasons": tool.stop_reasons}
         print(
-            f"{split}: naive RAG EM {rag.em:.3f}, tool call EM {tool.em:.3f} "
+            f"{split}: naive RAG EM {rag.score:.3f}, tool call EM {tool.score:.3f} "
             f"({time.perf_counter() - t0:.0f} s)",
             flush=True,
         )

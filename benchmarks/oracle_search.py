@@ -5,7 +5,7 @@ the real ones). Same prompt, tool format and budgets; only what the search retur
 differs.
 
     .venv/bin/python benchmarks/oracle_search.py --model runs/multihop_real2/warm_start/final_model \
-        --split hotpotqa task.qa.data_dir=../shared/data/raw
+        --split hotpotqa task.config.data_dir=../shared/data/raw
 
 Prints EM / F1 / tool calls for both and the paired difference (`agentr1.eval.compare`).
 """
@@ -21,6 +21,7 @@ from typing import Any
 from agentr1.config import load_config
 from agentr1.envs.base import ToolEnv
 from agentr1.retrieval.base import Passage
+from agentr1.tasks import task_config
 from agentr1.tools.search import SearchTool
 from agentr1.types import Message, Task
 
@@ -66,7 +67,6 @@ def main() -> None:
     from agentr1.data import normalize_question
     from agentr1.eval.compare import paired
     from agentr1.eval.evaluate import evaluate
-    from agentr1.trainer.qa_setup import load_qa_data
     from agentr1.trainer.setup import build_setup
 
     cfg = load_config(args.recipe, [*args.overrides, f"model.path={args.model}"])
@@ -74,7 +74,7 @@ def main() -> None:
     setup.policy.eval()
     tasks = setup.tasks[args.split]
     by_title: dict[str, list[Passage]] = {}
-    for p in load_qa_data(cfg.task.qa).passages:
+    for p in setup.task.extras["passages"]:
         by_title.setdefault(normalize_question(p.title), []).append(p)
     gold = {
         t.id: [
@@ -85,20 +85,24 @@ def main() -> None:
         for t in tasks
     }
     factory = setup.make_env
+    qa = task_config(cfg.task)
 
     def oracle_env() -> ToolEnv:
-        tool = SearchTool(GoldPassages(), top_k=factory.top_k, max_words=factory.passage_words)
+        tool = SearchTool(GoldPassages(), top_k=qa.top_k, max_words=qa.passage_words)
         return OracleSearchEnv(
             tools=[tool],
-            system_prompt=factory.system_prompt,
-            outcome_reward=factory.outcome_reward,
+            system_prompt=setup.task.system_prompt,
+            outcome_reward=setup.task.outcome_reward,
+            metrics=setup.task.episode_metrics,
             gold=gold,
         )
 
     scores: dict[str, dict[str, Any]] = {}
     for name, make_env in (("real search", factory), ("oracle search", oracle_env)):
         t0 = time.perf_counter()
-        res = evaluate(tasks, make_env, setup.generator, setup.chat, cfg.rollout, 0.0)
+        res = evaluate(
+            tasks, make_env, setup.generator, setup.chat, cfg.rollout, 0.0, metrics=("em", "f1")
+        )
         g = res.by_group["all"]
         scores[name] = {
             m: {t.task_id: t.metrics[m] for t in res.trajectories} for m in ("em", "f1")

@@ -20,11 +20,10 @@ from agentr1.backends.base import SamplingParams
 from agentr1.backends.hf import HFGenerator
 from agentr1.config import Config
 from agentr1.envs.parsers import HermesParser
-from agentr1.envs.world import World
-from agentr1.envs.world_env import WorldEnvFactory, oracle_generator
 from agentr1.models import load_model, load_tokenizer
 from agentr1.rewards.qa import exact_match
 from agentr1.rollout import ChatFormat, RolloutConfig, run_rollout
+from agentr1.tasks.world import World, oracle_generator, world_env
 from agentr1.templates import CHATML_TOOLS_MINIMAL
 
 
@@ -45,7 +44,7 @@ def main() -> None:
     # The oracle's episode; the context is everything before its answer turn.
     rc = RolloutConfig(max_turns=3, max_tokens_per_turn=64, max_context=1024)
     groups = run_rollout(
-        tasks, WorldEnvFactory(world, top_k=cfg.task.top_k), oracle_generator(world, chat), chat, rc
+        tasks, world_env(world, top_k=cfg.task.top_k), oracle_generator(world, chat), chat, rc
     )
     rng = random.Random(0)
     parser = HermesParser()

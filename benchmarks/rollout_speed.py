@@ -23,9 +23,8 @@ import torch
 
 from agentr1.backends.hf import HFGenerator
 from agentr1.config import Config
-from agentr1.envs.world import World
-from agentr1.envs.world_env import WorldEnvFactory, tokenizer_corpus
 from agentr1.rollout import ChatFormat, RolloutConfig, RolloutStats, run_rollout
+from agentr1.tasks.world import World, tokenizer_corpus, world_env
 from agentr1.templates import CHATML_TOOLS_MINIMAL, QWEN25_TOOLS
 
 
@@ -59,7 +58,7 @@ def bench(name: str, batches: list[int], repeats: int, max_tokens: int) -> list[
     model, tok, template = load(name, world)
     chat = ChatFormat.from_hf(tok, chat_template=template)
     gen = HFGenerator(model, tok)
-    make_env = WorldEnvFactory(world, top_k=3)
+    make_env = world_env(world, top_k=3)
     rows = []
     for b in batches:
         tasks = world.tasks("test")[:b]

@@ -2,7 +2,7 @@
 questions, G samples each, at several temperatures, next to its greedy episode.
 
     .venv/bin/python benchmarks/temperature_probe.py --questions 12 --samples 4 \\
-        task.qa.data_dir=../shared/data/raw --temperatures 0.3 0.5 0.7 1.0
+        task.config.data_dir=../shared/data/raw --temperatures 0.3 0.5 0.7 1.0
 
 Reported per temperature: mean EM and reward of the samples (greedy's EM beside them),
 the share of groups whose rewards are not all equal (only those give GRPO a gradient),

@@ -100,7 +100,8 @@ def test_registry_unknown_name_lists_valid_names_sorted() -> None:
         get_advantage("ppo")
     assert str(info.value) == (
         "unknown advantage estimator 'ppo'; valid: dr_grpo, gae, grpo, "
-        "reinforce_plus_plus, reinforce_plus_plus_baseline, rloo"
+        "reinforce_plus_plus, reinforce_plus_plus_baseline, rloo, or an import path such as "
+        "'my_pkg.module:name' or a file 'my_file.py:name'"
     )
     # Catchable as either kind of error.
     assert isinstance(info.value, KeyError)

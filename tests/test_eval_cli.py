@@ -1,4 +1,4 @@
-"""`agentr1 eval` end to end on a tiny random model and a temp JSONL file, its errors, and
+"""`agentr1 qa-eval` end to end on a tiny random model and a temp JSONL file, its errors, and
 the baselines' answer parsing with a scripted generator."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 
 from agentr1.backends.scripted import ScriptedGenerator
 from agentr1.cli import main
-from agentr1.eval.baselines import base_tool_call, naive_rag
 from agentr1.retrieval.base import Passage
 from agentr1.rollout import RolloutConfig
+from agentr1.tasks.multihop_qa.baselines import base_tool_call, naive_rag
 from agentr1.types import Task
 
 from .fakes import byte_chat
@@ -25,7 +25,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    rc = main(["eval", *args])
+    rc = main(["qa-eval", *args])
     out, err = capsys.readouterr()
     return rc, out, err
 
@@ -109,7 +109,7 @@ def test_naive_rag_puts_passages_in_the_prompt_and_reads_the_answer_tag() -> Non
     )  # fmt: skip
     assert "[1] Shirley Temple\nShirley Temple served as Chief of Protocol." in seen[0]
     assert "<tools>" not in seen[0]  # no tool listing in the prompt
-    assert res.em == 1.0 and res.stop_reasons == {"answered": 1.0}
+    assert res.score == 1.0 and res.stop_reasons == {"answered": 1.0}
     assert res.by_group["all"]["turns"] == 1.0 and res.by_group["all"]["tool_calls"] == 0.0
     seen.clear()
     naive_rag(
@@ -126,7 +126,7 @@ def test_naive_rag_falls_back_to_the_first_line_without_a_tag() -> None:
         rollout=ROLLOUT,
     )  # fmt: skip
     (t,) = res.trajectories
-    assert t.answer == "Shirley Temple." and res.em == 1.0
+    assert t.answer == "Shirley Temple." and res.score == 1.0
     assert res.stop_reasons == {"no_tool_call": 1.0} and t.metrics["untagged_answer"] == 1.0
 
 
@@ -142,7 +142,7 @@ def test_base_tool_call_runs_the_multi_turn_search_env() -> None:
         chat.end_of_turn_id,
     )
     res = base_tool_call([TASK], FakeRetriever(), gen, chat, top_k=1, rollout=ROLLOUT)
-    assert res.em == 1.0 and res.by_group["all"]["tool_calls"] == 1.0
+    assert res.score == 1.0 and res.by_group["all"]["tool_calls"] == 1.0
     assert res.by_group["all"]["turns"] == 2.0 and "hops=2" in res.by_group
 
 

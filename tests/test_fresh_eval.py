@@ -3,6 +3,7 @@ the split's seeded order and never include a question the recipe evaluates or tr
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -10,10 +11,13 @@ from typing import Any
 
 import pytest
 
-from agentr1.config import Config, QAConfig, SFTConfig, TaskConfig, TrainConfig
+from agentr1.config import Config, SFTConfig, TaskConfig, TrainConfig
+from agentr1.configutil import to_dict
 from agentr1.data import normalize_question
+from agentr1.tasks import task_config
+from agentr1.tasks.multihop_qa import QATaskConfig as QAConfig
+from agentr1.tasks.multihop_qa import load_qa_data
 from agentr1.trainer.loop import TaskSampler, demo_picks
-from agentr1.trainer.qa_setup import load_qa_data
 
 from .benchmark_scripts import benchmark
 from .test_qa_env import ircot_record, tiny_qa_recipe, write_jsonl
@@ -25,6 +29,11 @@ check_draws, fresh_tasks, outside_tasks, untrained_tasks = (
     fresh_eval.outside_tasks,
     fresh_eval.untrained_tasks,
 )
+
+
+def qa_task(qa: QAConfig, **changes: Any) -> TaskConfig:
+    """The ``task`` section of a multihop_qa run with the task config ``qa`` (+ changes)."""
+    return TaskConfig(name="multihop_qa", config=to_dict(dataclasses.replace(qa, **changes)))
 
 
 def test_fresh_questions_are_new_and_never_trained_on(tmp_path: Path) -> None:
@@ -43,7 +52,7 @@ def test_fresh_questions_are_new_and_never_trained_on(tmp_path: Path) -> None:
     qa = QAConfig(
         train=[train, shared], eval={"dev": [dev], "shared": [shared]}, n_eval=3, data_dir="/"
     )
-    cfg = Config(task=TaskConfig(kind="qa", qa=qa))
+    cfg = Config(task=qa_task(qa))
     used = load_qa_data(qa).tasks
     fresh, note = fresh_tasks(cfg, 6, ["dev", "shared"])
 
@@ -71,7 +80,7 @@ def test_fresh_tasks_names_a_bad_split(tmp_path: Path) -> None:
     dev = write_jsonl(tmp_path / "dev.jsonl", [ircot_record(i) for i in range(4)])
     qa = QAConfig(train=[dev], eval={"dev": [dev]}, n_eval=2, data_dir="/")
     # Checked before any file is read.
-    cfg = Config(task=TaskConfig(kind="qa", qa=qa))
+    cfg = Config(task=qa_task(qa))
     with pytest.raises(
         ValueError, match=r"'train' is not an eval split of the recipe \(it has dev\)"
     ):
@@ -86,7 +95,7 @@ def test_skip_continues_where_an_earlier_retest_stopped(tmp_path: Path) -> None:
         + [ircot_record(300)],
     )
     qa = QAConfig(train=[train], eval={"dev": [dev]}, n_eval=5, data_dir="/")
-    cfg = Config(task=TaskConfig(kind="qa", qa=qa))
+    cfg = Config(task=qa_task(qa))
     first, _ = fresh_tasks(cfg, 10, ["dev"])
     # 5 + 35 covers the whole file, whose sample comes back in file order: the fresh ones
     # must still follow the seeded order, or the skipped ones are not the first re-test's.
@@ -110,7 +119,7 @@ def test_outside_questions_are_in_no_recipe_file_and_answerable_by_a_search(
     train = write_jsonl(tmp_path / "train.jsonl", [ircot_record(i) for i in range(20, 30)])
     # n_eval 2: dev questions 2-9 are in no split, but in a recipe file: never outside.
     qa = QAConfig(train=[train], eval={"dev": [dev]}, n_eval=2, retriever="bm25", data_dir="/")
-    cfg = Config(task=TaskConfig(kind="qa", qa=qa))
+    cfg = Config(task=qa_task(qa))
     records = [
         {"idx": 0, "question": "Where was PERSON 5 born", "answer": "town 5"},  # dev file
         {"idx": 1, "question": "Where was person 25 born?", "answer": "town 25"},  # train
@@ -138,7 +147,7 @@ def test_outside_questions_are_in_no_recipe_file_and_answerable_by_a_search(
     )
     # Passages clipped to one word, as the search tool would show them: only an answer in
     # a title ("Person 9") is still found; "born in town 7" was in a passage's text.
-    clipped = Config(task=TaskConfig(kind="qa", qa=qa, passage_words=1))
+    clipped = Config(task=qa_task(qa, passage_words=1))
     tasks, _ = outside_tasks(clipped, [outside, more], take=10)
     assert {t.id for ts in tasks.values() for t in ts} == {"2wiki_questions:0"}
     # skip / take walk one seeded order.
@@ -159,7 +168,7 @@ def small_recipe(tmp_path: Path, no_in_passage: bool = False) -> Config:
     dev = write_jsonl(tmp_path / "dev.jsonl", dev_records)
     train = write_jsonl(tmp_path / "train.jsonl", [ircot_record(i) for i in range(20, 30)])
     qa = QAConfig(train=[train], eval={"dev": [dev]}, n_eval=2, retriever="bm25", data_dir="/")
-    return Config(task=TaskConfig(kind="qa", qa=qa))
+    return Config(task=qa_task(qa))
 
 
 def test_answer_after_gives_a_pool_apart_from_the_top_k_one(tmp_path: Path) -> None:
@@ -193,7 +202,7 @@ def test_answer_after_gives_a_pool_apart_from_the_top_k_one(tmp_path: Path) -> N
 def test_outside_questions_read_each_file_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import agentr1.trainer.qa_setup as qa_setup
+    import agentr1.data.files as qa_setup
 
     dev = write_jsonl(tmp_path / "dev.jsonl", [ircot_record(i) for i in range(10)])
     train = write_jsonl(tmp_path / "train.jsonl", [ircot_record(i) for i in range(20, 30)])
@@ -211,7 +220,7 @@ def test_outside_questions_read_each_file_once(
         return real(path)
 
     monkeypatch.setattr(qa_setup, "load_file", counting)
-    tasks, _ = outside_tasks(Config(task=TaskConfig(kind="qa", qa=qa)), [outside], take=5)
+    tasks, _ = outside_tasks(Config(task=qa_task(qa)), [outside], take=5)
     assert sorted(reads) == ["dev.jsonl", "hotpot_questions.jsonl", "train.jsonl"]
     assert [t.id for ts in tasks.values() for t in ts] == ["hotpot_questions:0"]
 
@@ -225,7 +234,7 @@ def pool_config(tmp_path: Path, demos: int = 10, seed: int = 3) -> Config:
     )
     qa = QAConfig(train=[train], eval={"dev": [dev]}, n_eval=5, data_dir="/")
     return Config(
-        task=TaskConfig(kind="qa", qa=qa),
+        task=qa_task(qa),
         sft=SFTConfig(demos=demos),
         train=TrainConfig(seed=seed, tasks_per_step=4),
     )
@@ -233,7 +242,7 @@ def pool_config(tmp_path: Path, demos: int = 10, seed: int = 3) -> Config:
 
 def test_the_training_pool_leaves_out_every_question_a_model_trained_on(tmp_path: Path) -> None:
     cfg = pool_config(tmp_path)
-    train = load_qa_data(cfg.task.qa).tasks["train"]
+    train = load_qa_data(task_config(cfg.task)).tasks["train"]
     assert len(train) == 39 and "id100" not in {t.id for t in train}  # dev's question
     demos = {t.id for t in demo_picks([train], 10, cfg.train.seed)[0]}
     drawn = {t.id for t in TaskSampler(train, cfg.train.seed).sample(12)}
@@ -281,7 +290,7 @@ def test_the_script_tables_models_and_naive_rag_on_the_training_pool(
     argv = ["fresh_eval.py", "--out", str(out), "--recipe", str(recipe), "--train-pool", "3"]
     argv += ["--model", f"a={model}", "--model", f"b={model}", "--naive-rag", f"rag={model}"]
     monkeypatch.setattr(sys, "argv", [*argv, "--take", "100"])
-    import agentr1.eval.baselines as baselines
+    import agentr1.tasks.multihop_qa.baselines as baselines
 
     rag_calls: list[int] = []
     real_rag = baselines.naive_rag
@@ -340,7 +349,7 @@ def test_the_script_tests_on_outside_questions(
     )
     argv = ["fresh_eval.py", "--out", str(out), "--recipe", str(recipe), "--model", f"a={model}"]
     # An override after the files is still an override, not a file.
-    monkeypatch.setattr(sys, "argv", [*argv, "--questions", outside, "task.top_k=2"])
+    monkeypatch.setattr(sys, "argv", [*argv, "--questions", outside, "task.config.top_k=2"])
     fresh_eval.main()
     (line,) = (out / "a.jsonl").read_text().splitlines()
     assert json.loads(line)["split"] == "q_hotpotqa"
@@ -424,7 +433,7 @@ def test_also_against_pairs_every_model_with_a_baseline(
     argv = ["fresh_eval.py", "--out", str(out), "--recipe", str(recipe), "--questions", outside]
     argv += ["--model", f"warm={model}", "--model", f"rl={model}", "--model", f"base={model}"]
     # an override after the names is still an override
-    monkeypatch.setattr(sys, "argv", [*argv, "--also-against", "base", "task.top_k=2"])
+    monkeypatch.setattr(sys, "argv", [*argv, "--also-against", "base", "task.config.top_k=2"])
     fresh_eval.main()
     md = (out / "fresh.md").read_text()
     block = md.split("Each model paired against `base`, all questions:")[1]
@@ -444,7 +453,7 @@ def test_max_answer_chance_leaves_out_answers_a_random_top_k_would_show(tmp_path
         {"idx": 2, "question": "What is town 24 near?", "answer": "poet"},
     ]
     outside = write_jsonl(tmp_path / "hotpot_questions.jsonl", records)
-    passages = load_qa_data(cfg.task.qa).passages
+    passages = load_qa_data(task_config(cfg.task)).passages
     assert len(passages) == 60
     town, poet, either = fresh_eval.answer_chances(
         passages, [["town 7"], ["Poet."], ["town 7", "poet"]], words=80, k=5

@@ -11,17 +11,19 @@ from typing import Any
 
 import pytest
 
-from agentr1.config import QAConfig
-from agentr1.envs.qa_env import (
-    QA_SYSTEM_PROMPT,
-    SearchEnvFactory,
-    SupportingFactsPolicy,
-    retriever_from_spec,
-    supporting_facts_generator,
-)
+from agentr1.data import resolve_entry
+from agentr1.retrieval import retriever_from_spec
 from agentr1.retrieval.base import Passage
 from agentr1.rollout import RolloutConfig, run_rollout
-from agentr1.trainer.qa_setup import assert_disjoint, load_qa_data, resolve_entry
+from agentr1.tasks.multihop_qa import (
+    QA_SYSTEM_PROMPT,
+    SupportingFactsPolicy,
+    assert_disjoint,
+    load_qa_data,
+    qa_env,
+    supporting_facts_generator,
+)
+from agentr1.tasks.multihop_qa import QATaskConfig as QAConfig
 from agentr1.types import StopReason, Task, Trajectory
 
 from .fakes import byte_chat
@@ -68,7 +70,7 @@ def demo(tasks: list[Task], retriever: Any, max_turns: int = 5, top_k: int = 1) 
     chat = byte_chat()
     groups = run_rollout(
         tasks,
-        SearchEnvFactory(retriever, top_k=top_k),
+        qa_env(retriever, top_k=top_k),
         supporting_facts_generator(tasks, chat, max_searches=max_turns - 1),
         chat,
         RolloutConfig(max_turns=max_turns, max_tokens_per_turn=400, max_context=20_000),
@@ -121,7 +123,7 @@ def test_unknown_question_answers_unknown() -> None:
     gen = supporting_facts_generator([TASK], chat)
     groups = run_rollout(
         [Task("zz", "Who?", ["x"])],
-        SearchEnvFactory(FakeRetriever()),
+        qa_env(FakeRetriever()),
         gen,
         chat,
         RolloutConfig(max_turns=2, max_tokens_per_turn=400, max_context=20_000),
@@ -135,7 +137,7 @@ def test_policy_rejects_an_empty_budget() -> None:
 
 
 def test_search_env_factory_wires_tool_prompt_and_top_k() -> None:
-    env = SearchEnvFactory(FakeRetriever(), top_k=3)()
+    env = qa_env(FakeRetriever(), top_k=3)()
     assert env.system_prompt == QA_SYSTEM_PROMPT
     assert [s["function"]["name"] for s in env.tool_schemas] == ["search"]
     assert env.tools[0].top_k == 3  # type: ignore[attr-defined]
@@ -201,7 +203,7 @@ def test_splits_are_disjoint_and_a_shared_file_is_held_out(tmp_path: Path) -> No
 
 def save_tiny_chatml_model(path: Path) -> Path:
     """A random 1-layer Llama with a ChatML BPE tokenizer, saved as a HF directory (~0.2 s)."""
-    from agentr1.eval.baselines import NAIVE_RAG_SYSTEM_PROMPT
+    from agentr1.tasks.multihop_qa.baselines import NAIVE_RAG_SYSTEM_PROMPT
     from agentr1.tiny import build_and_save
 
     texts = [QA_SYSTEM_PROMPT, NAIVE_RAG_SYSTEM_PROMPT]
@@ -228,7 +230,7 @@ def tiny_qa_recipe(
     data = write_jsonl(tmp_path / "d" / "q.jsonl", [ircot_record(i) for i in range(n_questions)])
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(
-        "task:\n  kind: qa\n  top_k: 1\n  qa:\n"
+        "task:\n  name: multihop_qa\n  config:\n    top_k: 1\n"
         f"    train: [{data}]\n    eval: {{a: [{data}]}}\n    n_eval: 2\n{extra}"
         f"rollout: {{max_turns: 2, max_tokens_per_turn: {tokens_per_turn}, max_context: 2048}}\n"
         f"model: {{path: {model}, chat_template: qwen2.5}}\neval: {{splits: [a]}}\n"
@@ -248,13 +250,13 @@ def tiny_qa_setup(tmp_path: Path, n_questions: int, *overrides: str) -> Any:
         load_config(
             None,
             [
-                "task.kind=qa",
+                "task.name=multihop_qa",
                 f"model.path={model}",
                 "model.chat_template=qwen2.5",
-                f"task.qa.train=[{data}]",
-                f"task.qa.eval={{a: [{data}]}}",
-                "task.qa.n_eval=2",
-                "task.top_k=1",
+                f"task.config.train=[{data}]",
+                f"task.config.eval={{a: [{data}]}}",
+                "task.config.n_eval=2",
+                "task.config.top_k=1",
                 "eval.splits=[a]",
                 *overrides,
             ],
@@ -266,19 +268,20 @@ def test_build_setup_for_qa_runs_demonstrations_through_the_real_stack(tmp_path:
     setup = tiny_qa_setup(
         tmp_path,
         6,
-        "task.passage_words=3",
+        "task.config.passage_words=3",
         "task.process={enabled: true, valid_call: 0.0, evidence: 0.2}",
         "rollout.max_turns=3",
         "model.keep_kv_gib=0.5",
     )
     assert setup.generator.keep_cache_bytes == 2**29
-    assert setup.world is None and set(setup.tasks) == {"train", "a"}
+    assert setup.task.name == "multihop_qa" and set(setup.tasks) == {"train", "a"}
     assert len(setup.tasks["train"]) == 4
-    ((tasks, make_env, gen),) = setup.demo_sources(0.6, 0, True)
-    assert tasks is setup.tasks["train"]
-    # Without its demo_fn a setup with no world has nothing to imitate: said, not a crash.
-    with pytest.raises(ValueError, match="no demonstrations to imitate"):
-        dataclasses.replace(setup, demo_fn=None).demo_sources(0.6, 0, True)
+    ((tasks, make_env, gen),) = setup.demo_sources(0)
+    assert tasks == setup.tasks["train"]
+    # A task without demonstrations has nothing to imitate: said, not a crash.
+    bare = dataclasses.replace(setup, task=setup.task.replace(demonstrations=None))
+    with pytest.raises(ValueError, match="gives no demonstrations"):
+        bare.demo_sources(0)
     env = make_env()
     assert env.system_prompt == QA_SYSTEM_PROMPT
     groups = run_rollout(
@@ -308,7 +311,7 @@ def test_end_of_episode_terms_through_the_real_rollout(
 ) -> None:
     process = f"enabled: true, valid_call: 0.0, evidence_at_end: {at_end}, no_answer: {no_answer}"
     setup = tiny_qa_setup(tmp_path, 4, f"task.process={{{process}}}")
-    ((tasks, make_env, gen),) = setup.demo_sources(0.0, 0, True)
+    ((tasks, make_env, gen),) = setup.demo_sources(0)
     rcfg = RolloutConfig(max_turns=max_turns, max_context=4096)
     (group,) = run_rollout(tasks[:1], make_env, gen, setup.chat, rcfg)
     traj = group.trajectories[0]
@@ -320,7 +323,7 @@ def test_end_of_episode_terms_through_the_real_rollout(
 def test_dataset_folder_entries_and_clear_errors(tmp_path: Path) -> None:
     write_jsonl(tmp_path / "mini" / "a.jsonl", [ircot_record(i) for i in range(3)])
     write_jsonl(tmp_path / "mini" / "qonly.jsonl", [{"idx": 1, "question": "q", "answer": "a"}])
-    files = resolve_entry("mini", tmp_path, "task.qa.train")
+    files = resolve_entry("mini", tmp_path, "task.config.train")
     assert [p.name for p in files] == ["a.jsonl"]  # only files with context
-    with pytest.raises(FileNotFoundError, match=r"task\.qa\.eval\.x: 'nope\.jsonl'"):
-        resolve_entry("nope.jsonl", tmp_path, "task.qa.eval.x")
+    with pytest.raises(FileNotFoundError, match=r"task\.config\.eval\.x: 'nope\.jsonl'"):
+        resolve_entry("nope.jsonl", tmp_path, "task.config.eval.x")

@@ -93,8 +93,9 @@ def test_rewards_sit_on_each_turns_last_token() -> None:
 @pytest.mark.parametrize("name", ["em", "f1", "cover_em"])
 def test_outcome_reward_equals_metric(name: str) -> None:
     from agentr1.envs.base import ToolEnv
+    from agentr1.rewards import ANSWER_METRICS
 
-    env = ToolEnv(tools=[], outcome_reward=OUTCOME_REWARDS[name])
+    env = ToolEnv(tools=[], outcome_reward=OUTCOME_REWARDS.get(name), metrics=ANSWER_METRICS)
     env.reset(Task("q", "?", ["New York City"]))
     reward, metrics = env.finish("new york")
     assert reward == metrics[name]

@@ -11,11 +11,13 @@ import pytest
 
 from agentr1.backends.scripted import ScriptedGenerator
 from agentr1.envs.base import ToolEnv
+from agentr1.rewards import ANSWER_METRICS
 from agentr1.rollout import RolloutConfig, RolloutStats, read_trajectories, run_rollout
 from agentr1.rollout.collate import collate_groups
 from agentr1.rollout.io import write_trajectories
 from agentr1.templates import QWEN25_TOOLS, render_template
-from agentr1.tools import calculator, tool
+from agentr1.tools import tool
+from agentr1.tools.calculator import calculator
 from agentr1.types import StopReason, Task, ToolResult
 
 from .fakes import ByteTokenizer, byte_chat
@@ -47,7 +49,8 @@ TASK = Task(id="t1", question="What is 1+2?", answers=["3"])
 
 def run(turns: list[str], tools: list | None = None, **cfg: object):
     chat = byte_chat()
-    env = lambda: ToolEnv(tools=tools if tools is not None else [calculator])  # noqa: E731
+    use = tools if tools is not None else [calculator]
+    env = lambda: ToolEnv(tools=use, metrics=ANSWER_METRICS)  # noqa: E731
     groups = run_rollout([TASK], env, scripted(turns), chat, RolloutConfig(**cfg))
     return groups[0].trajectories[0], chat
 

@@ -10,8 +10,8 @@ from typing import Literal
 import pytest
 
 from agentr1.retrieval import BM25Retriever, Passage
-from agentr1.tools import SearchTool, ToolArgumentError, calculator, tool, tool_schema
-from agentr1.tools.calculator import CalculatorError, evaluate
+from agentr1.tools import SearchTool, ToolArgumentError, tool, tool_schema
+from agentr1.tools.calculator import CalculatorError, calculator, evaluate
 
 
 @tool(timeout_s=3)

@@ -16,9 +16,9 @@ from agentr1.trainer.loop import train
 from agentr1.trainer.run import metric_records
 
 SMALL = [
-    "task.world.n_train=120",
-    "task.world.n_test=12",
-    "task.world.n_test_ood=4",
+    "task.config.world.n_train=120",
+    "task.config.world.n_test=12",
+    "task.config.world.n_test_ood=4",
     "model.tiny.hidden_size=32",
     "model.tiny.intermediate_size=64",
     "model.tiny.vocab_size=600",
@@ -354,12 +354,15 @@ def test_keep_best_picks_strictly_better_and_survives_a_failed_write(
         written.append(step)
 
     monkeypatch.setattr(loop, "save_model", fake_save)
-    setup = SimpleNamespace(cfg=load_config(None, ["train.eval_every=1", "train.keep_best=true"]))
+    head = SimpleNamespace(primary_metric="em")
+    setup = SimpleNamespace(
+        cfg=load_config(None, ["train.eval_every=1", "train.keep_best=true"]), task=head
+    )
     run = SimpleNamespace(dir=tmp_path)
     summary: dict = {}
 
     def res(*ems: float) -> dict:
-        return {"greedy": {f"s{i}": SimpleNamespace(em=e) for i, e in enumerate(ems)}}
+        return {"greedy": {f"s{i}": SimpleNamespace(score=e) for i, e in enumerate(ems)}}
 
     for step, ems, broken in [
         (0, (0.2, 0.4), False),  # mean 0.3: the first is the best
@@ -373,7 +376,7 @@ def test_keep_best_picks_strictly_better_and_survives_a_failed_write(
     assert written == [0, 3]
     assert summary["best_model"] == {"step": 3, "greedy_em": pytest.approx(0.35)}
     assert summary["best_model_errors"] == 1
-    off = SimpleNamespace(cfg=load_config(None, []))
+    off = SimpleNamespace(cfg=load_config(None, []), task=head)
     loop.keep_if_best(off, run, summary, res(0.9), 5)  # type: ignore[arg-type]
     assert written == [0, 3]
 

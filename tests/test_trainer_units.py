@@ -375,7 +375,7 @@ def test_rollout_metrics_count_groups_whose_rewards_tie() -> None:
         group((1.0, 0.1), (0.0, 0.1)),  # an answer difference
         group((0.5, 0.0)),  # a group of one is no group
     ]
-    m = rollout_metrics(groups, RolloutStats())
+    m = rollout_metrics(groups, RolloutStats(), ("em", "f1"))
     assert m["groups_tied"] == pytest.approx(1 / 3)
     assert m["groups_outcome_tied"] == pytest.approx(2 / 3)
-    assert "groups_tied" not in rollout_metrics(groups[3:], RolloutStats())
+    assert "groups_tied" not in rollout_metrics(groups[3:], RolloutStats(), ())

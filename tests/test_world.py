@@ -10,7 +10,9 @@ from collections import Counter
 
 import pytest
 
-from agentr1.envs.world import (
+from agentr1.retrieval import BM25Retriever, Passage
+from agentr1.rewards.qa import exact_match
+from agentr1.tasks.world import (
     QUESTION_TYPES,
     SPLITS,
     Comparison,
@@ -21,8 +23,6 @@ from agentr1.envs.world import (
     parse_search_results,
     vocabulary_coverage,
 )
-from agentr1.retrieval import BM25Retriever, Passage
-from agentr1.rewards.qa import exact_match
 from agentr1.types import Task
 
 CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)

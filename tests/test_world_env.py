@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from agentr1.envs.world import World
-from agentr1.envs.world_env import WorldEnvFactory, oracle_generator, tokenizer_corpus
 from agentr1.rollout import RolloutConfig, run_rollout
+from agentr1.tasks.world import World, oracle_generator, tokenizer_corpus, world_env
 from agentr1.types import StopReason
 
 from .fakes import byte_chat
@@ -25,7 +24,7 @@ def test_oracle_reaches_em_1_through_the_real_stack(world: World, split: str, to
     tasks = world.tasks(split)
     groups = run_rollout(
         tasks,
-        WorldEnvFactory(world, top_k=top_k),
+        world_env(world, top_k=top_k),
         oracle_generator(world, chat),
         chat,
         RolloutConfig(max_turns=6, max_tokens_per_turn=256, max_context=8192),
@@ -42,7 +41,7 @@ def test_imperfect_demonstrations_answer_early_on_multihop(world: World) -> None
     tasks = [t for t in world.tasks("train") if t.metadata["hops"] > 1][:40]
     groups = run_rollout(
         tasks,
-        WorldEnvFactory(world),
+        world_env(world),
         oracle_generator(world, chat, early_answer_prob=1.0),
         chat,
         RolloutConfig(max_turns=6, max_tokens_per_turn=256, max_context=8192),
@@ -62,7 +61,8 @@ def test_world_formats_copy_names_token_for_token(world: World) -> None:
     """With the demo's byte-level BPE, every name the agent writes (in a query or an
     answer) is the same token sequence as where it reads it (question or search result):
     copying is then copying ids, not a learned pairing of " Velmora" with "Velmora"."""
-    from agentr1.envs.world import answer_turn, search_call, search_query
+    from agentr1.envs.parsers import search_call
+    from agentr1.tasks.world import answer_turn, search_query
     from agentr1.tiny import train_tokenizer
 
     tok = train_tokenizer(tokenizer_corpus(world), 2048, "bytelevel")

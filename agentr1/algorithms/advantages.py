@@ -34,7 +34,7 @@ from typing import TypeAlias
 
 import torch
 
-from agentr1.algorithms.registry import advantage_names, get_advantage, register_advantage
+from agentr1.algorithms.registry import get_advantage, register_advantage
 from agentr1.types import RolloutBatch
 
 
@@ -115,9 +115,7 @@ class AdvantageConfig:
     eps: float = 1e-6
 
     def __post_init__(self) -> None:
-        if self.estimator not in advantage_names():
-            valid = ", ".join(advantage_names())
-            raise ValueError(f"unknown advantage estimator {self.estimator!r}; valid: {valid}")
+        get_advantage(self.estimator)  # a ValueError naming the valid names / the bad path
         if not 0.0 <= self.gamma <= 1.0:
             raise ValueError(f"gamma={self.gamma} must be in [0, 1]: >1 makes returns explode")
         if not 0.0 <= self.lam <= 1.0:

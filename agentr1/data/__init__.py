@@ -10,6 +10,7 @@
 Imports no torch.
 """
 
+from agentr1.data.files import Loader, files_corpus, resolve_entry, sample_questions, wiki_files
 from agentr1.data.formats import (
     CORPUS_FORMATS,
     QA_FORMATS,
@@ -40,12 +41,14 @@ __all__ = [
     "QA_FORMATS",
     "DataFormatError",
     "LoadResult",
+    "Loader",
     "Paragraph",
     "QASample",
     "corpus_paragraphs",
     "dedupe",
     "default_data_dir",
     "detect_format",
+    "files_corpus",
     "infer_dataset",
     "load",
     "load_corpus_file",
@@ -54,6 +57,9 @@ __all__ = [
     "normalize_question",
     "paragraph_id",
     "qa_files",
+    "resolve_entry",
+    "sample_questions",
     "seeded_rank",
     "split",
+    "wiki_files",
 ]

@@ -2,7 +2,9 @@
 
 A Tool executes; the ToolEnv says what it means. One ToolEnv instance runs one episode:
 ``reset(task)`` gives the opening messages, each ``await step(text)`` interprets one agent
-turn, and ``finish(stop_reason)`` scores the outcome when the episode ends.
+turn, and ``finish(answer)`` scores the outcome when the episode ends: the outcome reward
+and the task's per-episode metrics (``metrics``; by default one, ``score`` = the outcome
+reward, so a report never shows a metric the task did not ask for).
 
 Failure policy (DESIGN.md §3): malformed calls, unknown tools, bad arguments, tool
 exceptions, timeouts and garbage outputs become tool messages the model reads plus
@@ -13,12 +15,13 @@ counters in ``StepResult.metrics``. Nothing a model writes or a tool does raises
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from agentr1.envs.parsers import HermesParser, TurnParser
-from agentr1.rewards.qa import cover_exact_match, exact_match, f1_score
+from agentr1.envs.prompts import AUTO, resolve_system_prompt
+from agentr1.rewards import OutcomeReward, ProcessReward, em
 from agentr1.tools.base import Tool, ToolArgumentError, tool_schema
 from agentr1.types import (
     Message,
@@ -30,18 +33,10 @@ from agentr1.types import (
     ToolResult,
 )
 
-ProcessReward = Callable[[StepContext], float]
-"""A process reward: one step's context -> reward placed on that turn's last token."""
+EpisodeMetric = Callable[[str | None, Task], float]
+"""A per-episode metric: (final answer or None, task) -> value (reported, averaged)."""
 
-OutcomeReward = Callable[[str | None, Task], float]
-"""An outcome reward: (final answer or None, task) -> reward on the last sampled token."""
-
-DEFAULT_SYSTEM_PROMPT = (
-    "Answer the question. You can search an encyclopedia by writing "
-    '<tool_call>{"name": "search", "arguments": {"query": "..."}}</tool_call> '
-    "and read the results. Search as often as you need, then give the final answer as "
-    "<answer>...</answer>."
-)
+__all__ = ["ERROR_KINDS", "EpisodeMetric", "OutcomeReward", "ProcessReward", "ToolEnv", "em_reward"]
 
 ERROR_KINDS = (
     "parse_errors",
@@ -53,9 +48,8 @@ ERROR_KINDS = (
 )
 
 
-def em_reward(answer: str | None, task: Task) -> float:
-    """The default outcome reward: exact match, i.e. the evaluation metric itself."""
-    return exact_match(answer, task.answers)
+em_reward = em
+"""The default outcome reward: exact match against ``Task.answers``."""
 
 
 @dataclass
@@ -65,18 +59,22 @@ class ToolEnv:
     Attributes:
         tools: the tools the agent may call, by their ``name``.
         parser: reads agent turns (Hermes/Qwen tags by default).
-        system_prompt: first message of every episode (None: no system message).
+        system_prompt: first message of every episode; "auto" (the default) builds it from
+            the tools (`agentr1.envs.prompts.default_system_prompt`); None or "": none.
         process_reward: per-step reward hook (None: no process reward).
         outcome_reward: final reward from (answer, task); exact match by default.
+        metrics: per-episode metrics by name, each (answer, task) -> float; None = one,
+            ``score``, the outcome reward itself.
         max_observation_chars: tool outputs longer than this are cut (and counted).
         default_timeout_s: timeout for tools that declare none.
     """
 
     tools: Sequence[Tool]
     parser: TurnParser = field(default_factory=HermesParser)
-    system_prompt: str | None = DEFAULT_SYSTEM_PROMPT
+    system_prompt: str | None = AUTO
     process_reward: ProcessReward | None = None
     outcome_reward: OutcomeReward = em_reward
+    metrics: Mapping[str, EpisodeMetric] | None = None
     max_observation_chars: int = 4000
     default_timeout_s: float = 10.0
 
@@ -85,6 +83,7 @@ class ToolEnv:
         if len(set(names)) != len(names):
             raise ValueError(f"tool names must be unique, got {names}")
         self._by_name = {t.name: t for t in self.tools}
+        self.system_prompt = resolve_system_prompt(self.system_prompt, self.tools)
         self.task: Task | None = None
         self.history: list[StepContext] = []
 
@@ -157,23 +156,29 @@ class ToolEnv:
         )
 
     def finish(self, answer: str | None) -> tuple[float, dict[str, float]]:
-        """Score the episode's outcome: (outcome reward, eval metrics EM / F1 / cover-EM).
+        """Score the episode's outcome: (outcome reward, the task's metrics by name).
 
-        If the process-reward hook has a ``terminal(history, answer)`` (`ProcessRewardHook`),
-        its value is in the metrics as ``process_end``: the rollout moves it onto the last
-        turn's reward (it is a process reward of the step into the terminal state)."""
+        A metric or reward function that raises scores 0 and is counted
+        (``metric_errors`` / ``reward_errors``), never ends the run. If the process-reward
+        hook has a ``terminal(history, answer)`` (`ProcessRewardHook`), its value is in the
+        metrics as ``process_end``: the rollout moves it onto the last turn's reward (it is
+        a process reward of the step into the terminal state)."""
         assert self.task is not None, "finish called before reset"
-        golds = self.task.answers
-        metrics = {
-            "em": exact_match(answer, golds),
-            "f1": f1_score(answer, golds),
-            "cover_em": cover_exact_match(answer, golds),
-        }
+        metrics: dict[str, float] = {}
         try:
             reward = float(self.outcome_reward(answer, self.task))
         except Exception:  # a broken reward function must not kill the run: count it
             metrics["reward_errors"] = 1.0
             reward = 0.0
+        if self.metrics is None:
+            metrics["score"] = reward
+        else:
+            for name, fn in self.metrics.items():
+                try:
+                    metrics[name] = float(fn(answer, self.task))
+                except Exception:
+                    metrics[name] = 0.0
+                    metrics["metric_errors"] = metrics.get("metric_errors", 0.0) + 1
         terminal = getattr(self.process_reward, "terminal", None)
         if terminal is not None:
             try:

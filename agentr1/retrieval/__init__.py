@@ -8,6 +8,8 @@
 Heavy dependencies (transformers, fastapi, uvicorn, httpx) are imported on first use.
 """
 
+from collections.abc import Sequence
+
 from agentr1.retrieval.base import Passage, Retriever
 from agentr1.retrieval.bm25 import BM25Retriever
 from agentr1.retrieval.client import RemoteRetriever, RetrievalRequestError, RetrieverUnavailable
@@ -25,4 +27,31 @@ __all__ = [
     "Retriever",
     "RetrieverUnavailable",
     "reciprocal_rank_fusion",
+    "retriever_from_spec",
 ]
+
+
+def retriever_from_spec(spec: str, passages: Sequence[Passage]) -> Retriever:
+    """A retriever from its config string.
+
+    Args:
+        spec: "bm25", "dense" (all-MiniLM-L6-v2, embeddings cached on disk), "hybrid"
+            (RRF of both), or an ``http(s)://`` URL of ``agentr1 serve retriever`` (then
+            ``passages`` is not used: the server holds its own corpus).
+        passages: the corpus for the local kinds.
+
+    Raises:
+        ValueError: an unknown spec, naming the valid ones.
+    """
+    if spec.startswith(("http://", "https://")):
+        from agentr1.retrieval.client import RemoteRetriever
+
+        return RemoteRetriever(spec)
+    from agentr1.retrieval.server import RETRIEVER_KINDS, build_retriever
+
+    if spec not in RETRIEVER_KINDS:
+        raise ValueError(
+            f"retriever {spec!r} is unknown: use one of {', '.join(RETRIEVER_KINDS)} or an "
+            "http:// URL of `agentr1 serve retriever`"
+        )
+    return build_retriever(spec, list(passages))

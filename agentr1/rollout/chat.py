@@ -15,12 +15,13 @@ follows the sentinel. If the sampled turn already ended with the end-of-turn tok
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from agentr1.types import Message
 
 _SENTINEL = "\x00AGENTR1_TURN\x00"
+_PROBE_TOOL = "agentr1_probe_tool"
 
 RenderFn = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None, bool], str]
 """(messages as dicts, tool schemas or None, add_generation_prompt) -> text."""
@@ -49,6 +50,7 @@ class ChatFormat:
     tokenizer: TokenizerLike
     end_of_turn: str
     end_of_turn_id: int
+    _renders_tools: bool | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def from_hf(
@@ -74,6 +76,19 @@ class ChatFormat:
                 f"got ids {ids}; pass end_of_turn= explicitly"
             )
         return cls(render=render, tokenizer=tokenizer, end_of_turn=eot, end_of_turn_id=ids[0])
+
+    @property
+    def renders_tools(self) -> bool:
+        """Whether the chat template writes the tools' schemas into the prompt when given
+        ``tools=`` (the Qwen2.5 template does; ChatML-minimal and SmolLM2's own do not),
+        found by rendering a probe tool once."""
+        cached = self._renders_tools
+        if cached is None:
+            probe = [{"type": "function", "function": {"name": _PROBE_TOOL, "parameters": {}}}]
+            text = self.render([{"role": "user", "content": "q"}], probe, True)
+            cached = _PROBE_TOOL in text
+            self._renders_tools = cached
+        return cached
 
     @property
     def stop_token_ids(self) -> tuple[int, ...]:

@@ -101,3 +101,40 @@ class SearchTool:
                 "titles": [p.title for p in passages],
             },
         )
+
+
+def search_tool(
+    corpus: str = "",
+    url: str = "",
+    kind: str = "bm25",
+    top_k: int = 3,
+    max_words: int = 0,
+    timeout_s: float = 10.0,
+) -> SearchTool:
+    """A `search` tool from a recipe: over a JSONL corpus file (one ``{"id", "title",
+    "text"}`` a line) with a local retriever, or over an ``agentr1 serve retriever`` URL.
+
+    ``task.tools: [{name: search, corpus: passages.jsonl, top_k: 3}]``
+
+    Raises:
+        ValueError: neither or both of ``corpus`` and ``url``; an unknown ``kind``.
+    """
+    if bool(corpus) == bool(url):
+        raise ValueError(
+            "tool 'search': give exactly one of corpus (a JSONL file of passages) or url (an "
+            "`agentr1 serve retriever` address); a task with its own corpus provides 'search'"
+        )
+    retriever: Retriever
+    if url:
+        from agentr1.retrieval.client import RemoteRetriever
+
+        retriever = RemoteRetriever(url)
+    else:
+        from agentr1.retrieval.server import RETRIEVER_KINDS, build_retriever, load_corpus_jsonl
+
+        if kind not in RETRIEVER_KINDS:
+            raise ValueError(
+                f"tool 'search': kind {kind!r}; use one of {', '.join(RETRIEVER_KINDS)}"
+            )
+        retriever = build_retriever(kind, load_corpus_jsonl(corpus))
+    return SearchTool(retriever, top_k=top_k, max_words=max_words, timeout_s=timeout_s)

@@ -3,8 +3,10 @@
     sample tasks -> rollout groups -> rewards -> (reference log-probs, values)
     -> advantages -> K epochs of minibatch updates -> eval -> log -> checkpoint
 
-every phase timed. `train(cfg)` runs SFT warm start (if enabled and not resuming), the
-evaluation before RL, the RL steps, the evaluation after, and writes the run directory.
+every phase timed. `train(cfg, task=None)` runs SFT warm start (if enabled and not
+resuming), the evaluation before RL, the RL steps, the evaluation after, and writes the
+run directory. The task is a value (`agentr1.tasks.TaskSpec`): the one ``cfg.task``
+names, or one given in Python; the loop reads its metrics from it and names none itself.
 Resuming (`resume=True`) restores the newest atomic checkpoint: weights, optimizer,
 scheduler, every RNG and the data cursor, so the run continues exactly as if never killed.
 
@@ -40,9 +42,10 @@ from agentr1.algorithms import (
     kl_penalty,
 )
 from agentr1.config import Config
-from agentr1.eval.evaluate import EvalResult, evaluate
+from agentr1.eval.evaluate import EvalResult, summarize
 from agentr1.rollout.collate import collate_groups
 from agentr1.rollout.loop import RolloutStats, run_rollout
+from agentr1.tasks import TaskSpec
 from agentr1.trainer.checkpoint import (
     CheckpointError,
     latest_checkpoint,
@@ -54,6 +57,7 @@ from agentr1.trainer.checkpoint import (
     write_failed,
 )
 from agentr1.trainer.critic import ValueModel
+from agentr1.trainer.evaluation import eval_record, log_eval, run_eval
 from agentr1.trainer.logprobs import token_logprobs
 from agentr1.trainer.run import RunDir
 from agentr1.trainer.setup import Setup, build_setup, train_autocast
@@ -228,16 +232,21 @@ def compute_step_advantages(
     return out.advantages_BT, out.returns_BT, metrics
 
 
-def rollout_metrics(groups: list[Any], stats: RolloutStats) -> dict[str, float]:
-    """Episode-level means for the log: reward, EM, turns, tool calls, stop-reason mix."""
+def rollout_metrics(
+    groups: list[Any], stats: RolloutStats, metric_names: Sequence[str]
+) -> dict[str, float]:
+    """Episode-level means for the log: reward, the task's metrics, turns, tool calls,
+    stop-reason mix."""
     trajs: list[Trajectory] = [t for g in groups for t in g.trajectories]
     n = len(trajs)
     m = {
         "reward": sum(t.total_reward for t in trajs) / n,
         "outcome_reward": sum(t.outcome_reward for t in trajs) / n,
         "process_reward": sum(sum(t.step_rewards) for t in trajs) / n,
-        "em": sum(t.metrics.get("em", 0.0) for t in trajs) / n,
-        "f1": sum(t.metrics.get("f1", 0.0) for t in trajs) / n,
+    }
+    for name in metric_names:
+        m[name] = sum(t.metrics.get(name, 0.0) for t in trajs) / n
+    m |= {
         "turns": sum(t.num_turns for t in trajs) / n,
         "tool_calls": sum(len(t.tool_log) for t in trajs) / n,
         "tool_errors": sum(sum(not e.ok for e in t.tool_log) for t in trajs) / n,
@@ -310,7 +319,8 @@ def rl_step(s: TrainState, run: RunDir) -> dict[str, float]:
         )
     with timer("sync_sampler"):
         s.setup.sync_sampler()
-    metrics = {"step": float(s.step), **rollout_metrics(groups, stats), **kl_metrics, **upd}
+    names = s.setup.task.metric_names
+    metrics = {"step": float(s.step), **rollout_metrics(groups, stats, names), **kl_metrics, **upd}
     if scored["old"] is not None:
         # Token in, token out: the trainer's log-probs should match the sampler's.
         diff = (scored["old"] - batch.old_logprobs_BT).abs() * batch.loss_mask_BT
@@ -320,7 +330,7 @@ def rl_step(s: TrainState, run: RunDir) -> dict[str, float]:
     if cfg.train.log_rollouts:
         # Mean advantage over each episode's trained tokens: the direction it pushed.
         adv_B = ub.advantages_BT.sum(1) / ub.loss_mask_BT.sum(1).clamp(min=1)
-        run.log_rollouts(s.step, groups, adv_B.tolist())
+        run.log_rollouts(s.step, groups, adv_B.tolist(), names)
     if cfg.train.log_trajectories:
         run.log_trajectories(
             s.step,
@@ -369,7 +379,7 @@ def make_state(setup: Setup) -> TrainState:
         setup=setup,
         optimizer=opt,
         scheduler=sched,
-        sampler=TaskSampler(setup.tasks["train"], cfg.train.seed),
+        sampler=TaskSampler(list(setup.task.splits["train"]), cfg.train.seed),
         update_rng=gen,
         critic=critic,
         critic_optimizer=critic_opt,
@@ -455,8 +465,7 @@ def release_training_state(s: TrainState) -> None:
 def demo_picks(task_lists: Sequence[list[Task]], demos: int, seed: int) -> list[list[Task]]:
     """The tasks the SFT warm start demonstrates, per source: ``demos`` shared out evenly
     (the first sources get the remainder), each drawn in the order of a `TaskSampler`
-    seeded ``seed + 1`` (RL draws with ``seed``). `benchmarks/fresh_eval.py` uses it to
-    find the training questions no demonstration used."""
+    seeded ``seed + 1`` (RL draws with ``seed``)."""
     n_src = len(task_lists)
     return [
         TaskSampler(tasks, seed + 1).sample(min(len(tasks), demos // n_src + (k < demos % n_src)))
@@ -465,12 +474,14 @@ def demo_picks(task_lists: Sequence[list[Task]], demos: int, seed: int) -> list[
 
 
 def warm_start(setup: Setup, run: RunDir) -> dict[str, float]:
-    """SFT on scripted demonstrations run through the real rollout (same masks as RL)."""
+    """SFT on the task's scripted demonstrations run through the real rollout (same masks
+    as RL). Logs ``sft/demo_<metric>`` for each task metric, and the headline one per
+    breakdown group (``sft/demo_em/hops=2``): how good the imitated policy is."""
     cfg = setup.cfg
     sft = cfg.sft
     rcfg = dataclasses.replace(cfg.rollout, n_samples=1, temperature=1.0)
     t0 = time.perf_counter()
-    sources = setup.demo_sources(sft.early_answer_prob, cfg.train.seed, sft.notes)
+    sources = setup.demo_sources(cfg.train.seed)
     demos: list[Trajectory] = []
     demo_tasks: list[Task] = []
     picks = demo_picks([tasks for tasks, _, _ in sources], sft.demos, cfg.train.seed)
@@ -478,11 +489,8 @@ def warm_start(setup: Setup, run: RunDir) -> dict[str, float]:
         for g in run_rollout(picked, make_env, gen, setup.chat, rcfg):
             demos.extend(g.trajectories)
         demo_tasks.extend(picked)
-    demo_em = sum(t.metrics["em"] for t in demos) / len(demos)
-    multi = [
-        t for t, task in zip(demos, demo_tasks, strict=True) if task.metadata.get("hops", 1) > 1
-    ]
-    multi_em = sum(t.metrics["em"] for t in multi) / max(1, len(multi))
+    names = setup.task.metric_names
+    quality = summarize(demos, {t.id: t for t in demo_tasks}, names, setup.task.breakdown)
     t1 = time.perf_counter()
     bar = run.progress(sft.steps, "SFT warm start")
     losses = sft_train(
@@ -501,9 +509,12 @@ def warm_start(setup: Setup, run: RunDir) -> dict[str, float]:
     # The RL reference is the adapters-off base: make it the warm start.
     lora.merge_adapters(setup.policy)
     setup.sync_sampler()
-    info = {
-        "sft/demo_em": demo_em,
-        "sft/demo_multihop_em": multi_em,
+    head = setup.task.primary_metric
+    info = {f"sft/demo_{m}": v for m, v in quality.by_group["all"].items() if m in names}
+    for group, row in quality.by_group.items():
+        if group != "all":
+            info[f"sft/demo_{head}/{group}"] = row[head]
+    info |= {
         "sft/demos": float(len(demos)),
         "sft/final_loss": sum(losses[-20:]) / max(1, len(losses[-20:])),
         "time/sft_demos": t1 - t0,
@@ -513,61 +524,15 @@ def warm_start(setup: Setup, run: RunDir) -> dict[str, float]:
     return info
 
 
-def run_eval(
-    setup: Setup, label: str, run: RunDir | None = None, step: int | None = None
-) -> dict[str, dict[str, EvalResult]]:
-    """Greedy and sampled evaluation on every configured split; with ``run``, every
-    episode also goes to ``eval_episodes.jsonl`` under ``label`` and ``step`` (the RL step
-    of the weights) for paired tests."""
-    cfg = setup.cfg
-    setup.policy.eval()
-    out: dict[str, dict[str, EvalResult]] = {"greedy": {}, "sampled": {}}
-    for split in cfg.eval.splits:
-        tasks = eval_tasks(setup, split)
-        modes = [("greedy", 0.0, 1, 1)]
-        if cfg.eval.sampled_n:
-            modes.append(("sampled", cfg.eval.temperature, cfg.eval.sampled_n, 2))
-        for mode, temperature, n, seed in modes:
-            res = evaluate(
-                tasks,
-                setup.make_env,
-                setup.generator,
-                setup.chat,
-                cfg.rollout,
-                temperature,
-                n,
-                seed=seed,
-                batch_tasks=cfg.eval.batch_tasks,
-            )
-            out[mode][split] = res
-    if run is not None:
-        log_eval(setup, run, label, out, step)
-    log.info("eval %s: %s", label, {k: {s: r.em for s, r in v.items()} for k, v in out.items()})
-    return out
-
-
-def eval_tasks(setup: Setup, split: str) -> list[Task]:
-    """The questions `run_eval` scores on ``split``: the first ``eval.max_tasks``."""
-    tasks = list(setup.tasks[split])
-    return tasks[: setup.cfg.eval.max_tasks] if setup.cfg.eval.max_tasks else tasks
-
-
-def log_eval(
-    setup: Setup, run: RunDir, label: str, res: dict[str, dict[str, EvalResult]], step: int | None
-) -> None:
-    """Every episode of a `run_eval` result to ``eval_episodes.jsonl`` under ``label``."""
-    for mode, per in res.items():
-        for split, r in per.items():
-            run.log_eval_episodes(label, mode, split, r, eval_tasks(setup, split), step)
-
-
-def eval_record(res: dict[str, dict[str, EvalResult]]) -> dict[str, Any]:
-    return {mode: {s: r.by_group for s, r in per.items()} for mode, per in res.items()}
-
-
 BEST_MARKER = "selection.json"
-"""In ``best_model/``: which evaluation chose it (``{"step", "greedy_em"}``), written with
-the weights, so a resumed run knows what the directory holds."""
+"""In ``best_model/``: which evaluation chose it (``{"step", "greedy_<metric>"}``, the
+task's headline metric), written with the weights, so a resumed run knows what the
+directory holds."""
+
+
+def best_key(setup: Setup) -> str:
+    """The summary key of the best model's score: ``greedy_<headline metric>``."""
+    return f"greedy_{setup.task.primary_metric}"
 
 
 def save_model(setup: Setup, path: Path, note: dict[str, Any] | None = None) -> None:
@@ -599,76 +564,87 @@ def keep_if_best(
     res: dict[str, dict[str, EvalResult]],
     step: int,
 ) -> None:
-    """With ``train.keep_best``: when this evaluation's greedy EM (mean over the splits)
-    beats every earlier one, write ``best_model/`` and record it in ``summary``. A model
-    that cannot be written is logged and counted (``best_model_errors``), not fatal; the
-    next evaluation tries again."""
+    """With ``train.keep_best``: when this evaluation's greedy headline metric (mean over
+    the splits) beats every earlier one, write ``best_model/`` and record it in
+    ``summary``. A model that cannot be written is logged and counted
+    (``best_model_errors``), not fatal; the next evaluation tries again."""
     if not setup.cfg.train.keep_best or not res["greedy"]:
         return
-    em = sum(r.em for r in res["greedy"].values()) / len(res["greedy"])
+    key = best_key(setup)
+    score = sum(r.score for r in res["greedy"].values()) / len(res["greedy"])
     best = summary.get("best_model")
-    if best is not None and em <= best["greedy_em"]:
+    if best is not None and score <= best[key]:
         return
-    choice = {"step": step, "greedy_em": em}
+    choice = {"step": step, key: score}
     try:
         save_model(setup, run.dir / "best_model", note=choice)
     except (OSError, RuntimeError) as e:
         summary["best_model_errors"] = summary.get("best_model_errors", 0) + 1
         log.error(
-            "best model (step %d, greedy EM %.3f) not written: %s: %s",
+            "best model (step %d, %s %.3f) not written: %s: %s",
             step,
-            em,
+            key,
+            score,
             type(e).__name__,
             e,
         )
         return
     summary["best_model"] = choice
-    log.info("best model so far: step %d, greedy EM %.3f -> %s", step, em, run.dir / "best_model")
+    log.info("best model so far: step %d, %s %.3f -> %s", step, key, score, run.dir / "best_model")
 
 
-def adopt_best_on_disk(run: RunDir, summary: dict[str, Any]) -> None:
+def adopt_best_on_disk(setup: Setup, run: RunDir, summary: dict[str, Any]) -> None:
     """On resume: a killed attempt may have written ``best_model/`` after the checkpoint
     being resumed, so the summary restored with it does not know that model. It was
-    evaluated like any other, so when its EM beats the summary's choice it becomes the
+    evaluated like any other, so when its score beats the summary's choice it becomes the
     choice (``"before_resume": true``); the steps run again may still beat it."""
     marker = run.dir / "best_model" / BEST_MARKER
     if not marker.exists():
         return
+    key = best_key(setup)
     try:
         on_disk = json.loads(marker.read_text())
-        em, step = float(on_disk["greedy_em"]), int(on_disk["step"])
+        score, step = float(on_disk[key]), int(on_disk["step"])
     except (ValueError, KeyError, TypeError) as e:
         log.warning(
             "%s: unreadable (%s); best_model/ will be rewritten by the next best", marker, e
         )
         return
     best = summary.get("best_model")
-    if best is None or em > best["greedy_em"]:
-        summary["best_model"] = {"step": step, "greedy_em": em, "before_resume": True}
-        log.info("best_model/ from before the resume: step %d, greedy EM %.3f", step, em)
+    if best is None or score > best[key]:
+        summary["best_model"] = {"step": step, key: score, "before_resume": True}
+        log.info("best_model/ from before the resume: step %d, %s %.3f", step, key, score)
     elif step != best["step"]:
         log.warning(
-            "best_model/ holds step %d (EM %.3f), not the recorded step %d (EM %.3f); "
+            "best_model/ holds step %d (%s %.3f), not the recorded step %d (%.3f); "
             "the next better evaluation rewrites it",
             step,
-            em,
+            key,
+            score,
             best["step"],
-            best["greedy_em"],
+            best[key],
         )
 
 
-def train(cfg: Config, resume: bool = False, stop_after: int | None = None) -> dict[str, Any]:
+def train(
+    cfg: Config,
+    task: TaskSpec | None = None,
+    resume: bool = False,
+    stop_after: int | None = None,
+) -> dict[str, Any]:
     """Run a whole training job; returns the summary (also written to the run directory).
 
     Args:
         cfg: a validated config.
+        task: the task to train on; None = the one ``cfg.task`` names. The recipe's
+            ``task`` choices (tools, rewards, system prompt) apply to either.
         resume: continue from the newest checkpoint in ``cfg.train.run_dir`` if any.
         stop_after: stop (without the final eval) after this many RL steps in this call —
             used to simulate a killed run in tests.
     """
     run = RunDir(cfg.train.run_dir, cfg, fresh=not resume)
     t_start = time.perf_counter()
-    setup = build_setup(cfg)
+    setup = build_setup(cfg, task)
     state = make_state(setup)
     meta = restore(state, run) if resume else None
     setup.sync_sampler()  # a restored policy (or none: a no-op for a fresh copy)
@@ -688,7 +664,7 @@ def train(cfg: Config, resume: bool = False, stop_after: int | None = None) -> d
     else:
         run.prepare_resume(state.step)
         if cfg.train.keep_best:
-            adopt_best_on_disk(run, summary)
+            adopt_best_on_disk(setup, run, summary)
     bar = run.progress(cfg.train.steps, f"RL ({cfg.algo.estimator})", initial=state.step)
     done_here = 0
     last_eval: tuple[int, dict[str, dict[str, EvalResult]]] | None = None
@@ -700,7 +676,8 @@ def train(cfg: Config, resume: bool = False, stop_after: int | None = None) -> d
         state.step += 1
         done_here += 1
         run.log_metrics({"phase": "rl", **metrics})
-        bar.update_with(reward=metrics["reward"], em=metrics["em"], turns=metrics["turns"])
+        head = setup.task.primary_metric
+        bar.update_with(reward=metrics["reward"], turns=metrics["turns"], **{head: metrics[head]})
         if cfg.train.eval_every and state.step % cfg.train.eval_every == 0:
             res = run_eval(setup, f"step {state.step}", run, state.step)
             last_eval = (state.step, res)
@@ -738,5 +715,5 @@ def train(cfg: Config, resume: bool = False, stop_after: int | None = None) -> d
     except (OSError, RuntimeError) as e:
         why = f"{type(e).__name__}: {e}"
         raise write_failed(run.ckpt_dir, "the final model", run.dir / "final_model", why) from e
-    run.finish(summary)
+    run.finish(summary, setup.task.primary_metric)
     return summary

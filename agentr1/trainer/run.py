@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from agentr1 import configutil
-from agentr1.eval.evaluate import EvalResult, episode_record
+from agentr1.eval.evaluate import DEFAULT_METRICS, EvalResult, episode_record
 from agentr1.fileio import write_atomic
 from agentr1.rollout.io import write_trajectories
 from agentr1.types import Task, Trajectory, TrajectoryGroup
@@ -115,7 +115,11 @@ class RunDir:
         write_trajectories(self.dir / "trajectories.jsonl", trajs, decode, append=True)
 
     def log_rollouts(
-        self, step: int, groups: Sequence[TrajectoryGroup], advantages: Sequence[float]
+        self,
+        step: int,
+        groups: Sequence[TrajectoryGroup],
+        advantages: Sequence[float],
+        metrics: Sequence[str] = DEFAULT_METRICS,
     ) -> None:
         """Append one line per episode of an RL step: `episode_record` plus ``step``,
         ``group``, ``sample``, the rewards and ``advantage`` (the episode's mean over its
@@ -127,7 +131,7 @@ class RunDir:
         with open(self.dir / "rollouts.jsonl", "a", encoding="utf-8") as f:
             for (gi, task, t), adv in zip(trajs, advantages, strict=True):
                 rec: dict[str, Any] = {"step": step, "group": gi, "sample": t.sample_index}
-                rec.update(episode_record(t, task))
+                rec.update(episode_record(t, task, metrics))
                 rec["reward"] = t.total_reward
                 rec["outcome_reward"] = t.outcome_reward
                 rec["process_reward"] = sum(t.step_rewards)
@@ -186,6 +190,7 @@ class RunDir:
         res: EvalResult,
         tasks: Sequence[Task],
         step: int | None = None,
+        metrics: Sequence[str] = DEFAULT_METRICS,
     ) -> None:
         """Append one line per evaluated episode (`episode_record`) to
         ``eval_episodes.jsonl``, tagged with ``label`` ("before", "after", "step N"), the
@@ -196,7 +201,7 @@ class RunDir:
                 rec: dict[str, Any] = {"label": label, "mode": mode, "split": split}
                 if step is not None:
                     rec["step"] = step
-                rec.update(episode_record(t, by_id[t.task_id]))
+                rec.update(episode_record(t, by_id[t.task_id], metrics))
                 f.write(json.dumps(rec, ensure_ascii=False) + "\n")
 
     def progress(self, total: int, desc: str, initial: int = 0) -> _Bar:
@@ -205,8 +210,9 @@ class RunDir:
     def records(self, phase: str) -> list[dict[str, Any]]:
         return metric_records(self.dir, phase)
 
-    def plot(self) -> Path | None:
-        """Training curves as one PNG (skipped when there are no RL steps)."""
+    def plot(self, metric: str = "em") -> Path | None:
+        """Training curves as one PNG (skipped when there are no RL steps); ``metric`` is
+        the task's headline metric."""
         rows = self.records("rl")
         if not rows:
             return None
@@ -218,7 +224,7 @@ class RunDir:
         steps = [r["step"] for r in rows]
         panels = [
             ("reward", "reward (outcome + process)"),
-            ("em", "exact match (train rollouts)"),
+            (metric, f"{metric} (train rollouts)"),
             ("kl", "KL to reference"),
             ("entropy", "entropy"),
             ("response_len", "sampled tokens / episode"),
@@ -252,19 +258,21 @@ class RunDir:
         plt.close(fig)
         return out
 
-    def finish(self, summary: dict[str, Any]) -> str:
-        """Write summary.json, plots and report.md; print and return the table."""
+    def finish(self, summary: dict[str, Any], metric: str = "em") -> str:
+        """Write summary.json, plots and report.md (tables of the task's headline
+        ``metric``); print and return the table."""
         write_atomic(self.dir / "summary.json", json.dumps(summary, indent=1, default=float))
-        self.plot()
-        table = summary_table(summary)
+        self.plot(metric)
+        table = summary_table(summary, metric)
         write_atomic(self.dir / "report.md", f"# Run report\n\n{table}\n")
         print("\n" + table, flush=True)
         return table
 
 
-def summary_table(summary: dict[str, Any]) -> str:
-    """Markdown: EM per split and hop count, greedy and sampled, before and after RL; then
-    greedy EM per question type."""
+def summary_table(summary: dict[str, Any], metric: str = "em") -> str:
+    """Markdown: ``metric`` per split and breakdown group, greedy and sampled, before and
+    after RL; groups of the task's last breakdown key (e.g. ``type=``) get a table of
+    their own, greedy only."""
     before, after = summary.get("eval_before", {}), summary.get("eval_after", {})
     cols: list[tuple[str, str]] = []
     for rec in (before, after):
@@ -273,11 +281,13 @@ def summary_table(summary: dict[str, Any]) -> str:
                 for g in groups:
                     if (split, g) not in cols:
                         cols.append((split, g))
-    by_hops = [c for c in cols if not c[1].startswith("type=")]
-    by_type = [c for c in cols if c[1].startswith("type=")]
-    lines = _em_rows(by_hops, before, after, ("greedy", "sampled"))
-    if by_type:
-        lines += ["", *_em_rows(by_type, before, after, ("greedy",))]
+    keys = list(dict.fromkeys(g.split("=", 1)[0] for _, g in cols if "=" in g))
+    last = keys[-1] if len(keys) > 1 else None
+    main = [c for c in cols if last is None or not c[1].startswith(f"{last}=")]
+    extra = [c for c in cols if c not in main]
+    lines = _metric_rows(main, before, after, ("greedy", "sampled"), metric)
+    if extra:
+        lines += ["", *_metric_rows(extra, before, after, ("greedy",), metric)]
     if "minutes" in summary:
         lines.append(
             f"\n{summary.get('steps', 0)} RL steps, {summary['minutes']:.1f} minutes in total."
@@ -285,14 +295,16 @@ def summary_table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _em_rows(
+def _metric_rows(
     cols: list[tuple[str, str]],
     before: dict[str, Any],
     after: dict[str, Any],
     modes: tuple[str, ...],
+    metric: str,
 ) -> list[str]:
+    head = "EM" if metric == "em" else metric
     lines = [
-        "| EM | " + " | ".join(f"{s} {g}" for s, g in cols) + " |",
+        f"| {head} | " + " | ".join(f"{s} {g}" for s, g in cols) + " |",
         "|---|" + "---|" * len(cols),
     ]
     for when, rec in (("before RL", before), ("after RL", after)):
@@ -300,7 +312,7 @@ def _em_rows(
             per_split = rec.get(mode, {})
             cells = []
             for s, g in cols:
-                v = per_split.get(s, {}).get(g, {}).get("em")
+                v = per_split.get(s, {}).get(g, {}).get(metric)
                 cells.append("" if v is None else f"{v:.3f}")
             lines.append(f"| {mode}, {when} | " + " | ".join(cells) + " |")
     return lines

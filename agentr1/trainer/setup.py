@@ -1,17 +1,17 @@
-"""Wire a `Config` into the parts a run needs: tasks, env factory, tokenizer, policy,
-chat format and generator. The only place (with the CLI) that knows every layer."""
+"""Wire a `Config` and a task into the parts a run needs: the task, its env factory, the
+tokenizer, the policy, the chat format and the generator. The only place (with the CLI)
+that knows every layer; it knows tasks only through `agentr1.tasks.TaskSpec`."""
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import hashlib
 import json
 import logging
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,10 +21,9 @@ import torch
 from agentr1 import configutil, lora
 from agentr1.backends.hf import HFGenerator
 from agentr1.config import Config
-from agentr1.envs.world import World
-from agentr1.envs.world_env import WorldEnvFactory, oracle_generator, tokenizer_corpus
-from agentr1.rewards import OUTCOME_REWARDS
+from agentr1.envs.base import ToolEnv
 from agentr1.rollout.chat import ChatFormat
+from agentr1.tasks import TaskContext, TaskSpec, build_task, policy_generator
 from agentr1.templates import CHATML_TOOLS_MINIMAL, QWEN25_TOOLS
 from agentr1.types import Task
 
@@ -32,24 +31,37 @@ log = logging.getLogger(__name__)
 
 TEMPLATES = {"qwen2.5": QWEN25_TOOLS, "chatml-minimal": CHATML_TOOLS_MINIMAL, "model": None}
 
+DemoSource = tuple[list[Task], Callable[[], ToolEnv], Any]
+"""(tasks, env factory, scripted generator) of one demonstration source."""
+
 
 @dataclass
 class Setup:
-    """Everything a run is made of (built once per process)."""
+    """Everything a run is made of (built once per process).
+
+    Attributes:
+        cfg: the run's config.
+        task: the task (`TaskSpec`), with the recipe's overrides applied.
+        make_env: one env per episode: the task's tools, rewards, metrics and system
+            prompt (an "auto" prompt lists the tools unless the chat template renders them).
+        tokenizer, chat, policy, generator, pad_id: the model side.
+        model_dir: where the policy was loaded from.
+    """
 
     cfg: Config
-    world: World | None  # None for task.kind = "qa"
-    tasks: dict[str, list[Task]]
-    make_env: Any  # WorldEnvFactory, or SearchEnvFactory for task.kind = "qa"
-    demo_worlds: list[World]
+    task: TaskSpec
+    make_env: Callable[[], ToolEnv]
     tokenizer: Any
     chat: ChatFormat
     policy: Any
     generator: HFGenerator
     pad_id: int
     model_dir: Path
-    demo_fn: Callable[[float, int, bool], list[tuple[list[Task], Any, Any]]] | None = None
-    """Replaces the world's demonstration sources (task.kind = "qa": supporting facts)."""
+
+    @property
+    def tasks(self) -> Any:
+        """The task's splits (`TaskSpec.splits` itself: changing it changes the run's)."""
+        return self.task.splits
 
     @property
     def sampler_is_policy(self) -> bool:
@@ -62,36 +74,39 @@ class Setup:
         if not self.sampler_is_policy:
             self.generator.model.load_state_dict(lora.merged_state_dict(self.policy))
 
-    def demo_sources(
-        self, early_answer_prob: float, seed: int, notes: bool = True
-    ) -> list[tuple[list[Task], WorldEnvFactory, Any]]:
-        """(training tasks, env factory, scripted oracle generator) per demonstration world."""
-        if self.demo_fn is not None:
-            return self.demo_fn(early_answer_prob, seed, notes)
-        out = []
-        wants_own = self.cfg.sft.own_world_demos or not self.demo_worlds
-        own = [self.world] if wants_own and self.world is not None else []
-        if not own and not self.demo_worlds:
+    def demo_sources(self, seed: int) -> list[DemoSource]:
+        """(tasks, env factory, scripted generator) per demonstration source of the task.
+
+        Raises:
+            ValueError: the task gives no demonstrations.
+        """
+        if self.task.demonstrations is None:
             raise ValueError(
-                "sft.enabled: this setup has no demonstrations to imitate (no world, no "
-                "demo worlds and no demo_fn); set sft.enabled=false or give it a source"
+                f"sft.enabled: task {self.task.name!r} gives no demonstrations "
+                "(TaskSpec.demonstrations); set sft.enabled=false or give it a scripted policy"
             )
-        for w in [*own, *self.demo_worlds]:
-            env = self.make_env if w is self.world else dataclasses.replace(self.make_env, world=w)
-            out.append(
-                (
-                    w.tasks("train"),
-                    env,
-                    oracle_generator(w, self.chat, early_answer_prob, seed, notes),
-                )
-            )
+        out: list[DemoSource] = []
+        for d in self.task.demonstrations(seed):
+            env = self.make_env if d.tools is None else self.task.env_factory(d.tools, self.listed)
+            out.append((list(d.tasks), env, policy_generator(d.policy, d.tasks, self.chat)))
+        if not out:
+            raise ValueError(f"sft.enabled: task {self.task.name!r} gave no demonstration source")
         return out
 
+    @property
+    def listed(self) -> bool:
+        """Whether an "auto" system prompt lists the tools (the template does not)."""
+        return not self.chat.renders_tools
 
-def _tiny_model_dir(cfg: Config, cache_root: Path, texts: list[str]) -> Path:
+    def eval_splits(self) -> list[str]:
+        """``eval.splits``, or the task's evaluation splits when it is empty."""
+        return list(self.cfg.eval.splits) or self.task.default_eval_splits
+
+
+def _tiny_model_dir(cfg: Config, cache_root: Path, texts: Sequence[str]) -> Path:
     """A content key for the tiny model: the same tokenizer text + shape + seed reuse one
-    build. The text (the world's and the demonstration worlds' passages, questions, calls)
-    is hashed itself, so a change in how worlds are written can never reuse a stale build.
+    build. The text (the task's `TaskSpec.tokenizer_texts`) is hashed itself, so a change
+    in how a task writes its text can never reuse a stale build.
     """
     digest = hashlib.sha256("\x00".join(texts).encode()).hexdigest()
     key = json.dumps(
@@ -101,39 +116,54 @@ def _tiny_model_dir(cfg: Config, cache_root: Path, texts: list[str]) -> Path:
     return cache_root / f"tiny-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 
-def build_setup(cfg: Config, cache_root: str | Path | None = None) -> Setup:
-    """Build the world, the env factory, the tokenizer and policy, and the generator.
+def task_context(cfg: Config) -> TaskContext:
+    """What a task factory may know about the run."""
+    return TaskContext(
+        seed=cfg.train.seed, max_turns=cfg.rollout.max_turns, warm_start=cfg.sft.enabled
+    )
 
-    The tiny model is built once per (world, shape, seed) under ``cache_root`` (default
-    ``$AGENTR1_CACHE/tiny``) and reused by later runs.
+
+def load_task(cfg: Config, task: TaskSpec | None = None) -> TaskSpec:
+    """``task`` (a value given in Python) or the one ``cfg.task`` names, with the recipe's
+    overrides (tools, rewards, system prompt) applied, checked against ``cfg.eval``.
+
+    Raises:
+        configutil.ConfigError: ``eval.splits`` names a split the task does not have.
+        ValueError: a reference in ``cfg.task`` that does not resolve.
+    """
+    from agentr1.tasks import apply_overrides
+
+    spec = (
+        build_task(cfg.task, task_context(cfg)) if task is None else apply_overrides(task, cfg.task)
+    )
+    unknown = [s for s in cfg.eval.splits if s not in spec.splits]
+    if unknown:
+        raise configutil.ConfigError(
+            f"eval.splits {unknown} are not splits of task {spec.name!r} "
+            f"({', '.join(spec.splits)}): nothing would be evaluated on them"
+        )
+    return spec
+
+
+def build_setup(
+    cfg: Config, task: TaskSpec | None = None, cache_root: str | Path | None = None
+) -> Setup:
+    """Build the task (unless given), the tokenizer and policy, and the generator.
+
+    A tiny model (``model.path: tiny``) is built once per (tokenizer text, shape, seed)
+    under ``cache_root`` (default ``$AGENTR1_CACHE/tiny``) and reused by later runs.
     """
     torch.manual_seed(cfg.train.seed)
     if cfg.train.threads > 0:
         torch.set_num_threads(cfg.train.threads)
-    if cfg.task.kind == "qa":
-        from agentr1.trainer.qa_setup import build_qa_setup
-
-        return build_qa_setup(cfg)
-    from agentr1.models import cache_dir
-    from agentr1.tiny import build_and_save
-
-    cache_root = Path(cache_root) if cache_root is not None else cache_dir() / "tiny"
-    world = World.build(cfg.task.world)
-    demo_worlds = [
-        World.build(dataclasses.replace(cfg.task.world, seed=cfg.task.world.seed + 7919 * (k + 1)))
-        for k in range(cfg.sft.demo_worlds if cfg.sft.enabled else 0)
-    ]
-    tasks = {s: world.tasks(s) for s in ("train", "test", "test_ood")}
-    make_env = WorldEnvFactory(
-        world,
-        top_k=cfg.task.top_k,
-        system_prompt=cfg.task.system_prompt,
-        outcome_reward=OUTCOME_REWARDS[cfg.task.outcome_reward],
-        process_reward=cfg.task.process.build(),
-    )
+    spec = load_task(cfg, task)
     if cfg.model.path == "tiny":
-        texts = [t for w in [world, *demo_worlds] for t in tokenizer_corpus(w)]
-        model_dir = _tiny_model_dir(cfg, cache_root, texts)
+        from agentr1.models import cache_dir
+        from agentr1.tiny import build_and_save
+
+        root = Path(cache_root) if cache_root is not None else cache_dir() / "tiny"
+        texts = spec.default_tokenizer_texts()
+        model_dir = _tiny_model_dir(cfg, root, texts)
         if not (model_dir / "config.json").exists():
             log.info("building tiny model and tokenizer in %s", model_dir)
             tmp = model_dir.with_name(f"{model_dir.name}.tmp-{os.getpid()}")
@@ -147,19 +177,8 @@ def build_setup(cfg: Config, cache_root: str | Path | None = None) -> Setup:
         path = cfg.model.path  # a local directory, a hub id, or a known alias
         model_dir = Path(path)
     tokenizer, chat, policy, generator, pad_id = load_policy(cfg, path)
-    return Setup(
-        cfg,
-        world,
-        tasks,
-        make_env,
-        demo_worlds,
-        tokenizer,
-        chat,
-        policy,
-        generator,
-        pad_id,
-        model_dir,
-    )
+    make_env = spec.env_factory(listed=not chat.renders_tools)
+    return Setup(cfg, spec, make_env, tokenizer, chat, policy, generator, pad_id, model_dir)
 
 
 def load_policy(cfg: Config, path: str) -> tuple[Any, ChatFormat, Any, HFGenerator, int]:

@@ -1,5 +1,5 @@
-"""`agentr1 eval`: load QA data, run each method for each model on each dataset, write
-``results.json`` and ``results.md``.
+"""`agentr1 qa-eval`: the paper's table. Load QA data, run each method (Naive RAG, Tool
+Call) for each model on each dataset, write ``results.json`` and ``results.md``.
 
 The main table is shaped like the paper's: one row per method and model (checkpoint), one
 column per dataset, cells ``EM [F1]``, plus the average over datasets. A second table gives
@@ -7,7 +7,7 @@ the behaviour behind the numbers: cover-EM, mean turns, tool calls and stop reas
 ``episodes.jsonl`` holds every episode's decoded text, answer and scores.
 
 Questions: every record of each file, deduplicated; ``max_tasks`` keeps a seeded sample
-by the same rule as training runs' eval splits (`agentr1.trainer.qa_setup.sample_questions`),
+by the same rule as training runs' eval splits (`agentr1.data.sample_questions`),
 so ``--max-tasks 100`` evaluates the questions a ``n_eval: 100`` recipe evaluates.
 """
 
@@ -22,18 +22,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentr1.config import QA_EVAL_FILES
-from agentr1.eval.baselines import METHOD_LABELS, METHODS
 from agentr1.eval.evaluate import EvalResult, episode_record
 from agentr1.fileio import write_atomic
 from agentr1.retrieval.base import Passage
+from agentr1.tasks.multihop_qa.baselines import METHOD_LABELS, METHODS, METRIC_NAMES
+from agentr1.tasks.multihop_qa.config import QA_EVAL_FILES
 from agentr1.types import Task
 
 log = logging.getLogger(__name__)
 
 CORPORA = ("eval", "contexts", "contexts+wiki")
 """``--corpus``: "eval" = the evaluated files' own context paragraphs; "contexts" = plus
-every question file with context under the data directory (the corpus of ``task.kind: qa``
+every question file with context under the data directory (the corpus of ``multihop_qa``
 recipes and benchmarks/retrieval_quality.py); "contexts+wiki" = plus Wikipedia
 distractors."""
 
@@ -241,6 +241,7 @@ def load_eval_data(job: EvalJob) -> EvalData:
             file and the record).
     """
     from agentr1.data import (
+        Loader,
         QASample,
         corpus_paragraphs,
         dedupe,
@@ -248,8 +249,9 @@ def load_eval_data(job: EvalJob) -> EvalData:
         infer_dataset,
         load,
         qa_files,
+        sample_questions,
+        wiki_files,
     )
-    from agentr1.trainer.qa_setup import Loader, sample_questions, wiki_files
 
     root = Path(job.data_dir).expanduser() if job.data_dir else default_data_dir()
     files: dict[str, list[Path]] = {}
@@ -299,7 +301,7 @@ def _episode_lines(
             "method": row.method,
             "model": row.model,
             "dataset": row.dataset,
-            **episode_record(t, tasks[t.task_id]),
+            **episode_record(t, tasks[t.task_id], METRIC_NAMES),
             "text": decode(t.token_ids[t.prompt_len :]),
         }
         out.append(json.dumps(rec, ensure_ascii=False))
@@ -315,8 +317,8 @@ def run_job(job: EvalJob, command: str = "") -> tuple[list[ResultRow], Path, Pat
     import torch
 
     from agentr1.backends.hf import HFGenerator
-    from agentr1.envs.qa_env import retriever_from_spec
     from agentr1.models import load_model, load_tokenizer
+    from agentr1.retrieval import retriever_from_spec
     from agentr1.rollout.chat import ChatFormat
     from agentr1.rollout.loop import RolloutConfig
     from agentr1.templates import QWEN25_TOOLS

@@ -6,7 +6,7 @@
   in plain text; scoring them 0 would measure the tag, not the reading). Such episodes
   keep the stop reason ``no_tool_call`` ("no answer tag") and count ``untagged_answer``.
 - `base_tool_call`: the model with the `search` tool and the tool prompt, through the
-  normal multi-turn rollout (`agentr1.eval.evaluate.evaluate`), i.e. exactly what RL
+  normal multi-turn rollout (`agentr1.eval.evaluate`), i.e. exactly what RL
   trains and evaluates; "base" when the model is untrained.
 
 Both run through `run_rollout` + `summarize`, so both return an `EvalResult` with EM, F1,
@@ -21,13 +21,20 @@ from dataclasses import dataclass, field
 
 from agentr1.backends.base import Generator
 from agentr1.envs.base import ToolEnv
-from agentr1.envs.qa_env import QA_SYSTEM_PROMPT, SearchEnvFactory
 from agentr1.eval.evaluate import EvalResult, evaluate
 from agentr1.retrieval.base import Passage, Retriever
+from agentr1.rewards import ANSWER_METRICS
 from agentr1.rollout.chat import ChatFormat
 from agentr1.rollout.loop import RolloutConfig
-from agentr1.tools.search import format_passages
+from agentr1.tasks.multihop_qa.policy import QA_SYSTEM_PROMPT
+from agentr1.tools.search import SearchTool, format_passages
 from agentr1.types import Message, StepResult, StopReason, Task
+
+BREAKDOWN = ("hops", "type")
+"""Task metadata the tables break down by."""
+
+METRIC_NAMES = tuple(ANSWER_METRICS)
+"""EM, F1, cover-EM: what the tables report."""
 
 NAIVE_RAG_SYSTEM_PROMPT = (
     "Answer the question using the passages. Give only the final answer, a short phrase "
@@ -127,10 +134,24 @@ def naive_rag(
 
     def make_env() -> ToolEnv:
         return NaiveRAGEnv(
-            tools=[], system_prompt=system_prompt, passages=by_id, passage_words=passage_words
+            tools=[],
+            system_prompt=system_prompt,
+            metrics=ANSWER_METRICS,
+            passages=by_id,
+            passage_words=passage_words,
         )
 
-    return evaluate(tasks, make_env, generator, chat, cfg, temperature=0.0, seed=seed)
+    return evaluate(
+        tasks,
+        make_env,
+        generator,
+        chat,
+        cfg,
+        temperature=0.0,
+        seed=seed,
+        metrics=METRIC_NAMES,
+        breakdown=BREAKDOWN,
+    )
 
 
 def base_tool_call(
@@ -149,10 +170,23 @@ def base_tool_call(
 
     Arguments as `naive_rag`; ``rollout.max_turns`` bounds the turns.
     """
-    make_env = SearchEnvFactory(
-        retriever, top_k=top_k, system_prompt=system_prompt, passage_words=passage_words
+    search = SearchTool(retriever, top_k=top_k, max_words=passage_words)
+
+    def make_env() -> ToolEnv:
+        return ToolEnv(tools=[search], system_prompt=system_prompt, metrics=ANSWER_METRICS)
+
+    cfg = rollout or RolloutConfig()
+    return evaluate(
+        tasks,
+        make_env,
+        generator,
+        chat,
+        cfg,
+        0.0,
+        seed=seed,
+        metrics=METRIC_NAMES,
+        breakdown=BREAKDOWN,
     )
-    return evaluate(tasks, make_env, generator, chat, rollout or RolloutConfig(), 0.0, seed=seed)
 
 
 METHODS: dict[str, Method] = {"naive_rag": naive_rag, "tool_call": base_tool_call}

@@ -1,9 +1,7 @@
-"""Real multi-hop QA as an RL environment: a ToolEnv with `search` over a passage corpus,
-and a scripted supporting-facts policy that makes format demonstrations for SFT.
+"""The multi-hop QA agent's prompt and its scripted demonstrator (supporting facts).
 
-    make_env = SearchEnvFactory(retriever_from_spec("bm25", passages), top_k=5)
-    demo_gen = supporting_facts_generator(train_tasks, chat, max_searches=4)
-    groups = run_rollout(train_tasks, make_env, demo_gen, chat, RolloutConfig(max_turns=5))
+    policy = SupportingFactsPolicy(max_searches=4)
+    Demonstrations(train_tasks, policy)          # warm-start episodes through the real rollout
 
 Imports no torch.
 """
@@ -14,14 +12,12 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from agentr1.backends.scripted import ScriptedGenerator, read_chatml_context
+from agentr1.backends.scripted import ScriptedGenerator
 from agentr1.data.splits import normalize_question
-from agentr1.envs.base import OutcomeReward, ProcessReward, ToolEnv, em_reward
 from agentr1.envs.parsers import search_call
-from agentr1.retrieval.base import Passage, Retriever
 from agentr1.rewards.qa import cover_exact_match
 from agentr1.rollout.chat import ChatFormat
-from agentr1.tools.search import SearchTool
+from agentr1.tasks.demos import policy_generator
 from agentr1.types import Task
 
 QA_SYSTEM_PROMPT = (
@@ -31,7 +27,7 @@ QA_SYSTEM_PROMPT = (
     "final answer, a short phrase (a name, a date, a number, yes or no), as "
     "<answer>...</answer>."
 )
-"""The default system prompt of `task.kind: qa`: the tool and the answer format."""
+"""The multi-hop QA task's system prompt: the tool and the answer format."""
 
 UNKNOWN = "unknown"
 """What `SupportingFactsPolicy` answers when it has not read the evidence."""
@@ -46,61 +42,6 @@ def answer_turn(answer: str) -> str:
     '<answer>Chief of Protocol</answer>'
     """
     return f"<answer>{answer}</answer>"
-
-
-def retriever_from_spec(spec: str, passages: Sequence[Passage]) -> Retriever:
-    """A retriever from its config string.
-
-    Args:
-        spec: "bm25", "dense" (all-MiniLM-L6-v2, embeddings cached on disk), "hybrid"
-            (RRF of both), or an ``http(s)://`` URL of ``agentr1 serve retriever`` (then
-            ``passages`` is not used: the server holds its own corpus).
-        passages: the corpus for the local kinds.
-
-    Raises:
-        ValueError: an unknown spec, naming the valid ones.
-    """
-    if spec.startswith(("http://", "https://")):
-        from agentr1.retrieval.client import RemoteRetriever
-
-        return RemoteRetriever(spec)
-    from agentr1.retrieval.server import RETRIEVER_KINDS, build_retriever
-
-    if spec not in RETRIEVER_KINDS:
-        raise ValueError(
-            f"retriever {spec!r} is unknown: use one of {', '.join(RETRIEVER_KINDS)} or an "
-            "http:// URL of `agentr1 serve retriever`"
-        )
-    return build_retriever(spec, list(passages))
-
-
-@dataclass
-class SearchEnvFactory:
-    """Makes one ToolEnv with a `search` tool per episode; the retriever is shared.
-
-    Attributes:
-        retriever: any `Retriever` (built once, shared by every episode).
-        top_k: passages per search.
-        system_prompt: first message (None: the question alone).
-        outcome_reward: (answer, task) -> reward; EM by default (the eval metric).
-        process_reward: per-step reward hook, or None.
-        passage_words: words kept of each passage in a search result (0 = all).
-    """
-
-    retriever: Retriever
-    top_k: int = 5
-    system_prompt: str | None = QA_SYSTEM_PROMPT
-    outcome_reward: OutcomeReward = em_reward
-    process_reward: ProcessReward | None = None
-    passage_words: int = 0
-
-    def __call__(self) -> ToolEnv:
-        return ToolEnv(
-            tools=[SearchTool(self.retriever, top_k=self.top_k, max_words=self.passage_words)],
-            system_prompt=self.system_prompt,
-            outcome_reward=self.outcome_reward,
-            process_reward=self.process_reward,
-        )
 
 
 def _key(text: str) -> str:
@@ -183,21 +124,7 @@ class SupportingFactsPolicy:
 def supporting_facts_generator(
     tasks: Sequence[Task], chat: ChatFormat, max_searches: int = 4
 ) -> ScriptedGenerator:
-    """`SupportingFactsPolicy` as a Generator that runs through the real rollout.
-
-    It reads the question (the first user message) and the tool responses from the
-    decoded context, exactly what a model sees, and looks the task up by normalized
-    question. An unknown question gets ``<answer>unknown</answer>``. Deterministic; log-prob
-    0 for every token.
-    """
-    by_question = {_key(t.question): t for t in tasks}
-    policy = SupportingFactsPolicy(max_searches)
-
-    def respond(context: str) -> str:
-        question, responses = read_chatml_context(context)
-        task = by_question.get(_key(question)) if question is not None else None
-        if task is None:
-            return answer_turn(UNKNOWN)
-        return policy.next_turn(task, responses)
-
-    return ScriptedGenerator(respond, chat.encode, chat.decode, chat.end_of_turn_id)
+    """`SupportingFactsPolicy` on ``tasks`` as a Generator that runs through the real
+    rollout (`agentr1.tasks.policy_generator`): deterministic, log-prob 0 for every token;
+    an unknown question gets ``<answer>unknown</answer>``."""
+    return policy_generator(SupportingFactsPolicy(max_searches), tasks, chat, answer_turn(UNKNOWN))
