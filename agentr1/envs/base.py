@@ -6,7 +6,7 @@ turn, and ``finish(answer)`` scores the outcome when the episode ends: the outco
 and the task's per-episode metrics (``metrics``; by default one, ``score`` = the outcome
 reward, so a report never shows a metric the task did not ask for).
 
-Failure policy (DESIGN.md §3): malformed calls, unknown tools, bad arguments, tool
+Failure policy (docs/design.md §3): malformed calls, unknown tools, bad arguments, tool
 exceptions, timeouts and garbage outputs become tool messages the model reads plus
 counters in ``StepResult.metrics``. Nothing a model writes or a tool does raises out of
 ``step``.
@@ -204,7 +204,9 @@ class ToolEnv:
             return _error(
                 "unknown_tool", f"Error: unknown tool {call.name!r}. Available tools: {known}."
             )
-        timeout = float(getattr(t, "timeout_s", 0) or self.default_timeout_s)
+        # A tool that queues its calls (a process pool) says how long a whole call may take.
+        limit = getattr(t, "call_timeout_s", None) or getattr(t, "timeout_s", 0)
+        timeout = float(limit or self.default_timeout_s)
         try:
             out: Any = await asyncio.wait_for(t(**call.arguments), timeout=timeout)
         except ToolArgumentError as e:

@@ -41,7 +41,9 @@ class Tool(Protocol):
         name: identifier the model uses to call it.
         description: one-paragraph description shown to the model.
         parameters: JSON schema (``{"type": "object", "properties": ..., "required": ...}``).
-        timeout_s: seconds a call may take before it is abandoned.
+        timeout_s: seconds a call may take before it is abandoned. (A tool that queues its
+            calls, such as the ``python`` pool, may also define ``call_timeout_s``, the
+            limit of a whole call with its wait; `ToolEnv` then uses that.)
     """
 
     name: str
