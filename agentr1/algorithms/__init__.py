@@ -3,7 +3,7 @@ registry), PPO policy and value losses, KL penalties, entropy, masked aggregatio
 
 Notation: B = batch rows (trajectories), T = tokens, V = vocabulary.
 
-Imports only torch and `agentr1.types` (DESIGN.md §2).
+Imports only torch and `agentr1.types` (docs/design.md §2).
 """
 
 from agentr1.algorithms.advantages import (

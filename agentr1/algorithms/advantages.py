@@ -5,7 +5,7 @@
 Notation: B = batch rows (trajectories), T = tokens; suffixes give shapes (``rewards_BT`` is
 [B, T], ``group_index_B`` is [B]).
 
-The mask contract (DESIGN.md §1): ``loss_mask_BT`` is 1 exactly on tokens the policy
+The mask contract (docs/design.md §1): ``loss_mask_BT`` is 1 exactly on tokens the policy
 sampled. Prompt, tool responses, template glue and padding are 0, and a tool response can
 sit between two agent turns of the same row. Every estimator:
 

@@ -4,7 +4,7 @@ Notation: B = batch rows (trajectories), T = tokens, V = vocabulary; suffixes gi
 (``logprobs_BT`` is [B, T], ``logits_BTV`` is [B, T, V]).
 
 Every loss reduces per-token terms with `masked_aggregate` over ``mask_BT`` (the loss mask:
-1 exactly on agent-sampled tokens, DESIGN.md §1). Inputs at mask-0 positions are replaced
+1 exactly on agent-sampled tokens, docs/design.md §1). Inputs at mask-0 positions are replaced
 by neutral values BEFORE any arithmetic, so whatever sits there (garbage, inf, NaN) changes
 neither a loss nor its gradient.
 

@@ -1,4 +1,4 @@
-"""The RL loop (DESIGN.md §6), read top to bottom like the algorithm:
+"""The RL loop (docs/design.md §6), read top to bottom like the algorithm:
 
     sample tasks -> rollout groups -> rewards -> (reference log-probs, values)
     -> advantages -> K epochs of minibatch updates -> eval -> log -> checkpoint
@@ -642,13 +642,19 @@ def train(
         stop_after: stop (without the final eval) after this many RL steps in this call —
             used to simulate a killed run in tests.
     """
-    run = RunDir(cfg.train.run_dir, cfg, fresh=not resume)
+    # A task given in Python is not the one task.name names: config.yaml says so.
+    shown = cfg
+    if task is not None:
+        given = dataclasses.replace(cfg.task, name=f"python:{task.name}", config={})
+        shown = dataclasses.replace(cfg, task=given)
+    run = RunDir(cfg.train.run_dir, shown, fresh=not resume)
     t_start = time.perf_counter()
     setup = build_setup(cfg, task)
     state = make_state(setup)
     meta = restore(state, run) if resume else None
     setup.sync_sampler()  # a restored policy (or none: a no-op for a fresh copy)
     summary: dict[str, Any] = dict(meta.get("summary", {})) if meta else {}
+    summary["task"] = setup.task.name
     if meta is None:
         if cfg.sft.enabled:
             summary["sft"] = warm_start(setup, run)

@@ -314,5 +314,6 @@ def _metric_rows(
             for s, g in cols:
                 v = per_split.get(s, {}).get(g, {}).get(metric)
                 cells.append("" if v is None else f"{v:.3f}")
-            lines.append(f"| {mode}, {when} | " + " | ".join(cells) + " |")
+            if any(cells):  # a mode the run did not evaluate (sampled_n: 0) gets no row
+                lines.append(f"| {mode}, {when} | " + " | ".join(cells) + " |")
     return lines
