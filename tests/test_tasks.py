@@ -362,7 +362,8 @@ def test_agentr1_eval_runs_any_task(
     user_task: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "eval"
-    rc = main(["eval", str(user_task / "recipe.yaml"), *TINY, "--out", str(out)])
+    # an override after an option is an override too
+    rc = main(["eval", str(user_task / "recipe.yaml"), *TINY[:-1], "--out", str(out), TINY[-1]])
     assert rc == 0, capsys.readouterr().err
     res = json.loads((out / "results.json").read_text())
     assert res["task"] == "units" and res["metrics"] == ["correct"]
@@ -371,6 +372,9 @@ def test_agentr1_eval_runs_any_task(
     assert len(lines) == 6 and "correct" in json.loads(lines[0])
     rc = main(["eval", "--model", "x", "--dataset", "hotpotqa"])
     assert rc == 2 and "agentr1 qa-eval" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["eval", str(user_task / "recipe.yaml"), "--nope"])
+    assert "unrecognized arguments: --nope" in capsys.readouterr().err
 
 
 def test_calculator_import_is_the_module() -> None:
