@@ -439,11 +439,13 @@ def with_task_defaults(cfg: Config) -> Config:
 
 def _anchor(ref: str, base: Path) -> str:
     """``ref`` with a relative ``.py`` file next to ``base`` made absolute (else as is)."""
-    head, sep, attr = ref.rpartition(":")
-    file = head if sep and head.endswith(".py") else ref if ref.endswith(".py") else None
-    if file is None or Path(file).is_absolute() or not (base / file).is_file():
+    from agentr1.registry import split_file_ref
+
+    file_ref = split_file_ref(ref)
+    if file_ref is None or Path(file_ref[0]).is_absolute() or not (base / file_ref[0]).is_file():
         return ref
-    return str((base / file).resolve()) + (f":{attr}" if file == head else "")
+    file, attr = file_ref
+    return str((base / file).resolve()) + (f":{attr}" if attr else "")
 
 
 def anchor_file_refs(cfg: Config, base: Path) -> Config:

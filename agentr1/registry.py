@@ -50,8 +50,12 @@ def is_reference(ref: str) -> bool:
     return ":" in ref or "." in ref or "/" in ref
 
 
-def _split_file_ref(ref: str) -> tuple[str, str | None] | None:
-    """(file, attribute or None) when ``ref`` names a ``.py`` file, else None."""
+def split_file_ref(ref: str) -> tuple[str, str | None] | None:
+    """(file, attribute or None) when ``ref`` names a ``.py`` file, else None.
+
+    >>> split_file_ref("tasks/units.py:make"), split_file_ref("units.py"), split_file_ref("a.b:c")
+    (('tasks/units.py', 'make'), ('units.py', None), None)
+    """
     head, sep, attr = ref.rpartition(":")
     if sep and head.endswith(".py"):
         return head, attr or None
@@ -116,7 +120,7 @@ def import_object(
     Raises:
         ImportPathError: one line naming the reference and what did not resolve.
     """
-    file_ref = _split_file_ref(ref)
+    file_ref = split_file_ref(ref)
     if file_ref is not None:
         file, attr = file_ref
         candidates = [Path(file).expanduser()]
