@@ -53,6 +53,31 @@ if __name__ == "__main__":
 '''
 
 
+HTTP_SERVER = """
+import sys
+try:
+    from mcp.server.mcpserver import MCPServer as Server   # mcp 2.x
+    V2 = True
+except ImportError:
+    from mcp.server.fastmcp import FastMCP as Server        # mcp 1.x
+    V2 = False
+port = int(sys.argv[1])
+server = Server("toy") if V2 else Server("toy", host="127.0.0.1", port=port)
+
+
+@server.tool()
+def add(a: int, b: int) -> str:
+    \"\"\"Add two integers.\"\"\"
+    return str(a + b)
+
+
+if V2:
+    server.run("streamable-http", host="127.0.0.1", port=port)
+else:
+    server.run(transport="streamable-http")
+"""
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     path = tmp_path_factory.mktemp("mcp") / "toy_server.py"
@@ -110,3 +135,33 @@ def test_a_server_that_cannot_start_is_named(tmp_path: Path) -> None:
         mcp_tools([sys.executable, str(tmp_path / "no_such_server.py")])
     with pytest.raises(ValueError, match="exactly one of command"):
         mcp_tools()
+
+
+def test_a_streamable_http_server_and_its_death(tmp_path: Path) -> None:
+    import socket
+    import subprocess
+    import time
+
+    (tmp_path / "http_server.py").write_text(HTTP_SERVER)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, str(tmp_path / "http_server.py"), str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        for _ in range(300):  # until it listens
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.2).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        (add,) = mcp_tools(url=f"http://127.0.0.1:{port}/mcp")
+        assert add.name == "add" and asyncio.run(add(a=2, b=40)).content == "42"
+    finally:
+        proc.kill()
+        proc.wait()
+    r = asyncio.run(add(a=1, b=1))  # the server is gone: one failed call, no exception
+    assert not r.ok and r.metadata["error"] == "mcp_unavailable"
