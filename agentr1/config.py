@@ -326,8 +326,13 @@ class Config:
             errors.append("algo.kl_coef and algo.entropy_coef must be >= 0")
         if a.k3_linear_above is not None and not a.k3_linear_above > 0:
             errors.append(f"algo.k3_linear_above={a.k3_linear_above} must be > 0 or null")
-        if o.lr <= 0 or o.lr > 1:
+        if not 0 < o.lr <= 1:  # also refuses NaN, which every comparison fails
             errors.append(f"optim.lr={o.lr}: must be in (0, 1]; larger steps destroy the model")
+        if not o.grad_clip > 0:
+            errors.append(
+                f"optim.grad_clip={o.grad_clip}: must be > 0 (a gradient-norm bound; a "
+                "negative one would reverse the gradient)"
+            )
         if o.ppo_epochs < 1 or o.minibatches < 1 or o.micro_batch_size < 1:
             errors.append("optim.ppo_epochs, minibatches and micro_batch_size must be >= 1")
         rows = t.tasks_per_step * r.n_samples

@@ -52,6 +52,9 @@ def test_overrides_are_typed_and_nested() -> None:
         ),
         (["rollout.n_samples=1"], "group baselines need >= 2 samples per task"),
         (["optim.lr=5"], "optim.lr=5.0: must be in (0, 1]"),
+        (["optim.lr=.nan"], "optim.lr=nan: must be in (0, 1]"),
+        (["optim.grad_clip=-1"], "optim.grad_clip=-1.0: must be > 0"),
+        (["optim.grad_clip=0"], "optim.grad_clip=0.0: must be > 0"),
         (["rollout.max_context=4096"], "would overflow the position table"),
         (["rollout.max_turns=0"], "rollout.max_turns must be >= 1"),
         (

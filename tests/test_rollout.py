@@ -266,3 +266,81 @@ def test_rollout_holds_one_generator_session_over_all_turns() -> None:
     (group,) = run_rollout([TASK], env, gen, byte_chat(), RolloutConfig(n_samples=2))
     assert [t.stop_reason for t in group.trajectories] == [StopReason.ANSWERED] * 2
     assert events == ["open", "generate", "generate", "close"]
+
+
+def test_a_tool_that_exits_or_returns_no_text_costs_one_call_not_the_run() -> None:
+    """sys.exit in a tool was not caught (it ended the whole run); a @tool returning None,
+    bytes or an object was turned into its repr and counted a success."""
+    import sys
+
+    @tool
+    def quits(q: str) -> str:
+        """Calls sys.exit.
+
+        Args:
+            q: ignored.
+        """
+        sys.exit(3)
+
+    @tool
+    def nothing(q: str) -> str:
+        """Returns None.
+
+        Args:
+            q: ignored.
+        """
+        return None  # type: ignore[return-value]
+
+    @tool
+    def raw(q: str) -> str:
+        """Returns bytes.
+
+        Args:
+            q: ignored.
+        """
+        return b"\xff\x00"  # type: ignore[return-value]
+
+    @tool
+    def number(q: str) -> str:
+        """Returns an int.
+
+        Args:
+            q: ignored.
+        """
+        return 42  # type: ignore[return-value]
+
+    class Leaves:  # a Tool of its own (not @tool) whose coroutine exits
+        name, description, timeout_s = "leaves", "calls sys.exit", 1.0
+        parameters = {"type": "object", "properties": {"q": {"type": "string"}}, "required": []}
+
+        async def __call__(self, **kw: object) -> ToolResult:
+            sys.exit("bye")
+
+    turn = "".join(call(n, q="x") for n in ("quits", "nothing", "raw", "number"))
+    turns = [turn, call("leaves", q="x"), "<answer>3</answer>"]  # at most 4 calls a turn
+    tools = [quits, nothing, raw, number, Leaves()]
+    traj, _ = run(turns, tools=tools, max_tokens_per_turn=1024)
+    assert traj.stop_reason is StopReason.ANSWERED
+    assert [(e.ok, e.error) for e in traj.tool_log] == [
+        (False, "tool_exception"),
+        (False, "tool_bad_output"),
+        (False, "tool_bad_output"),
+        (True, None),
+        (False, "tool_exception"),
+    ]
+    assert "ToolExit: the tool called sys.exit(3)" in traj.tool_log[0].content
+    assert traj.tool_log[1].content == "Error: nothing returned nothing."
+    assert traj.tool_log[2].content == "Error: raw returned a bytes, not text."
+    assert traj.tool_log[3].content == "42"
+
+
+def test_error_observations_are_clipped_like_any_other() -> None:
+    """A 1 MB unknown tool name gave a 1,000,052-character tool message."""
+    import asyncio
+
+    env = ToolEnv(tools=[calculator], max_observation_chars=200)
+    env.reset(TASK)
+    step = asyncio.run(env.step(call("x" * 1_000_000)))
+    (result,) = step.tool_results
+    assert result.metadata["error"] == "unknown_tool" and result.metadata["truncated"]
+    assert len(result.content) == 200 + len(" ...[truncated]")

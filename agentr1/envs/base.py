@@ -22,7 +22,7 @@ from typing import Any
 from agentr1.envs.parsers import HermesParser, TurnParser
 from agentr1.envs.prompts import AUTO, resolve_system_prompt
 from agentr1.rewards import OutcomeReward, ProcessReward, em
-from agentr1.tools.base import Tool, ToolArgumentError, tool_schema
+from agentr1.tools.base import Tool, ToolArgumentError, contain_exit, tool_schema
 from agentr1.types import (
     Message,
     StepContext,
@@ -197,7 +197,11 @@ class ToolEnv:
             return 0.0
 
     async def _run(self, call: ToolCall) -> ToolResult:
-        """Execute one call; every failure becomes a ToolResult with ``ok=False``."""
+        """Execute one call; every failure becomes a ToolResult with ``ok=False``, and no
+        observation (an error's included) is longer than ``max_observation_chars``."""
+        return self._clip(await self._execute(call))
+
+    async def _execute(self, call: ToolCall) -> ToolResult:
         t = self._by_name.get(call.name)
         if t is None:
             known = ", ".join(sorted(self._by_name)) or "none"
@@ -208,7 +212,7 @@ class ToolEnv:
         limit = getattr(t, "call_timeout_s", None) or getattr(t, "timeout_s", 0)
         timeout = float(limit or self.default_timeout_s)
         try:
-            out: Any = await asyncio.wait_for(t(**call.arguments), timeout=timeout)
+            out: Any = await asyncio.wait_for(contain_exit(t(**call.arguments)), timeout=timeout)
         except ToolArgumentError as e:
             return _error("bad_arguments", f"Error: bad arguments for {call.name}: {e}")
         except TypeError as e:  # a plain callable rejecting the keywords
@@ -217,18 +221,21 @@ class ToolEnv:
             return _error(
                 "tool_timeout", f"Error: {call.name} did not answer within {timeout:g} s."
             )
-        except Exception as e:
+        except Exception as e:  # sys.exit in a tool too (`contain_exit`): the call, not the run
             msg = str(e)[:300]
             return _error("tool_exception", f"Error: {call.name} failed: {type(e).__name__}: {msg}")
         if isinstance(out, str):
             out = ToolResult(content=out)
         if not isinstance(out, ToolResult) or not isinstance(out.content, str):
             return _error("tool_bad_output", f"Error: {call.name} returned no readable text.")
-        result: ToolResult = out
-        if len(result.content) > self.max_observation_chars:
-            cut = result.content[: self.max_observation_chars] + " ...[truncated]"
-            result = ToolResult(cut, ok=result.ok, metadata={**result.metadata, "truncated": True})
-        return result
+        return out
+
+    def _clip(self, result: ToolResult) -> ToolResult:
+        """``result`` cut to ``max_observation_chars`` (marked and counted as truncated)."""
+        if len(result.content) <= self.max_observation_chars:
+            return result
+        cut = result.content[: self.max_observation_chars] + " ...[truncated]"
+        return ToolResult(cut, ok=result.ok, metadata={**result.metadata, "truncated": True})
 
 
 def _error(kind: str, message: str) -> ToolResult:

@@ -12,7 +12,6 @@ docstring. Sync functions run in a thread pool; every call has a timeout.
 from __future__ import annotations
 
 import asyncio
-import functools
 import inspect
 import re
 import types
@@ -27,6 +26,27 @@ from agentr1.types import ToolResult
 # A dedicated pool: a hung sync tool occupies one of these threads until it returns (a
 # thread cannot be killed), and must not starve asyncio's default executor.
 _POOL = ThreadPoolExecutor(max_workers=16, thread_name_prefix="agentr1-tool")
+
+
+class ToolExit(RuntimeError):
+    """A tool called ``sys.exit``: the call fails, the run goes on."""
+
+
+async def contain_exit(call: Awaitable[Any]) -> Any:
+    """Await a tool call, turning ``SystemExit`` into `ToolExit`. (asyncio re-raises a
+    SystemExit out of the event loop, so it must not leave the tool's coroutine.)"""
+    try:
+        return await call
+    except SystemExit as e:
+        raise ToolExit(f"the tool called sys.exit({e.code!r})") from None
+
+
+def _exit_guarded(fn: Callable[..., Any], arguments: dict[str, Any]) -> Any:
+    """Run a sync tool in a worker thread with ``SystemExit`` turned into `ToolExit`."""
+    try:
+        return fn(**arguments)
+    except SystemExit as e:
+        raise ToolExit(f"the tool called sys.exit({e.code!r})") from None
 
 
 class ToolArgumentError(ValueError):
@@ -186,16 +206,20 @@ class FunctionTool:
         """Run the function; validation, exceptions and timeouts are the caller's (ToolEnv)."""
         validate_arguments(self.parameters, arguments)
         if inspect.iscoroutinefunction(self.fn):
-            coro: Awaitable[Any] = self.fn(**arguments)
+            coro: Awaitable[Any] = contain_exit(self.fn(**arguments))
         else:
             loop = asyncio.get_running_loop()
-            coro = loop.run_in_executor(_POOL, functools.partial(self.fn, **arguments))
+            coro = loop.run_in_executor(_POOL, _exit_guarded, self.fn, arguments)
         out = await asyncio.wait_for(coro, timeout=self.timeout_s)
-        if isinstance(out, ToolResult):
-            return out
-        if not isinstance(out, str):
-            out = str(out)
-        return ToolResult(content=out)
+        if isinstance(out, ToolResult | str):
+            return out if isinstance(out, ToolResult) else ToolResult(content=out)
+        if isinstance(out, bool | int | float):  # a number is an answer the model can read
+            return ToolResult(content=str(out))
+        # None, bytes or an arbitrary object has no text the model could use: say so.
+        what = "nothing" if out is None else f"a {type(out).__name__}, not text"
+        return ToolResult(
+            f"Error: {self.name} returned {what}.", ok=False, metadata={"error": "tool_bad_output"}
+        )
 
 
 @typing.overload
