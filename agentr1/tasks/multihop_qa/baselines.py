@@ -26,8 +26,9 @@ from agentr1.retrieval.base import Passage, Retriever
 from agentr1.rewards import ANSWER_METRICS
 from agentr1.rollout.chat import ChatFormat
 from agentr1.rollout.loop import RolloutConfig
+from agentr1.tasks.multihop_qa import qa_env
 from agentr1.tasks.multihop_qa.policy import QA_SYSTEM_PROMPT
-from agentr1.tools.search import SearchTool, format_passages
+from agentr1.tools.search import format_passages
 from agentr1.types import Message, StepResult, StopReason, Task
 
 BREAKDOWN = ("hops", "type")
@@ -170,11 +171,7 @@ def base_tool_call(
 
     Arguments as `naive_rag`; ``rollout.max_turns`` bounds the turns.
     """
-    search = SearchTool(retriever, top_k=top_k, max_words=passage_words)
-
-    def make_env() -> ToolEnv:
-        return ToolEnv(tools=[search], system_prompt=system_prompt, metrics=ANSWER_METRICS)
-
+    make_env = qa_env(retriever, top_k, system_prompt, passage_words)
     cfg = rollout or RolloutConfig()
     return evaluate(
         tasks,
