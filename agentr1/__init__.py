@@ -26,6 +26,12 @@ The public API, enough to train an agent on a task of your own:
 - `Demonstrations` / `ScriptedPolicy`: a scripted agent for the SFT warm start.
 - `Config` / `load_config`: the typed run configuration, from a YAML recipe and overrides.
 - `train`, `evaluate`: run a training job; evaluate a model on a task's splits.
+- `build_setup` / `Setup`: everything a run builds (task, model, tokenizer, chat format,
+  generator, environment factory) without training, for scripts and notebooks that
+  probe a model on a task; `token_logprobs`: the trainer's log-probs of given tokens.
+- `TaskSampler` / `demo_picks`: the seeded order a run draws its training tasks in (RL)
+  and the tasks its SFT warm start demonstrates; `metric_records`: a run's
+  ``metrics.jsonl`` rows of one phase, resumed steps de-duplicated.
 
 ``import agentr1`` imports nothing heavy (no torch): each name loads on first use.
 """
@@ -53,22 +59,34 @@ _EXPORTS = {
     "load_config": "agentr1.config",
     "train": "agentr1.trainer.loop",
     "evaluate": "agentr1.trainer.evaluation",
+    "build_setup": "agentr1.trainer.setup",
+    "Setup": "agentr1.trainer.setup",
+    "token_logprobs": "agentr1.trainer.logprobs",
+    "TaskSampler": "agentr1.trainer.sampling",
+    "demo_picks": "agentr1.trainer.sampling",
+    "metric_records": "agentr1.trainer.run",
 }
 
 __all__ = [
     "Config",
     "Demonstrations",
     "ScriptedPolicy",
+    "Setup",
     "StepContext",
     "Task",
     "TaskContext",
+    "TaskSampler",
     "TaskSpec",
     "Tool",
     "ToolEnv",
     "ToolResult",
+    "build_setup",
+    "demo_picks",
     "evaluate",
     "load_config",
+    "metric_records",
     "register_task",
+    "token_logprobs",
     "tool",
     "train",
 ]
@@ -80,7 +98,11 @@ if TYPE_CHECKING:
     from agentr1.tasks.registry import register_task
     from agentr1.tools.base import Tool, tool
     from agentr1.trainer.evaluation import evaluate
+    from agentr1.trainer.logprobs import token_logprobs
     from agentr1.trainer.loop import train
+    from agentr1.trainer.run import metric_records
+    from agentr1.trainer.sampling import TaskSampler, demo_picks
+    from agentr1.trainer.setup import Setup, build_setup
     from agentr1.types import StepContext, Task, ToolResult
 
 

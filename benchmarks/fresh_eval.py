@@ -135,8 +135,8 @@ def untrained_tasks(
     order whatever S, so excluding the first ``rl_draws`` covers every run that drew no
     more. The pool is taken in the seeded order (`seeded_rank`): ``skip`` drops its first
     questions, ``take`` caps the rest, so later re-tests can continue where one stopped."""
+    from agentr1 import TaskSampler, demo_picks
     from agentr1.tasks.multihop_qa import load_qa_data
-    from agentr1.trainer.loop import TaskSampler, demo_picks
 
     if skip < 0 or take <= 0 or rl_draws < 0:
         raise ValueError(

@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
+from agentr1 import TaskSampler, demo_picks
 from agentr1.config import Config, SFTConfig, TaskConfig, TrainConfig
 from agentr1.configutil import to_dict
 from agentr1.data import normalize_question
 from agentr1.tasks import task_config
 from agentr1.tasks.multihop_qa import QATaskConfig as QAConfig
 from agentr1.tasks.multihop_qa import load_qa_data
-from agentr1.trainer.loop import TaskSampler, demo_picks
 
 from .benchmark_scripts import benchmark
 from .test_qa_env import ircot_record, tiny_qa_recipe, write_jsonl

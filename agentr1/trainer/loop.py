@@ -20,7 +20,6 @@ import dataclasses
 import gc
 import json
 import logging
-import random
 import shutil
 import time
 from collections import Counter
@@ -60,42 +59,13 @@ from agentr1.trainer.critic import ValueModel
 from agentr1.trainer.evaluation import eval_record, log_eval, run_eval
 from agentr1.trainer.logprobs import token_logprobs
 from agentr1.trainer.run import RunDir
+from agentr1.trainer.sampling import TaskSampler, demo_picks
 from agentr1.trainer.setup import Setup, build_setup, train_autocast
 from agentr1.trainer.sft import sft_train
 from agentr1.trainer.update import UpdateBatch, rl_update
 from agentr1.types import Task, Trajectory
 
 log = logging.getLogger(__name__)
-
-
-class TaskSampler:
-    """Draws training tasks epoch by epoch in a seeded order; its state is checkpointed."""
-
-    def __init__(self, tasks: list[Task], seed: int) -> None:
-        self.tasks, self.seed, self.epoch, self.pos = tasks, seed, 0, 0
-        self._order = self._perm()
-
-    def _perm(self) -> list[int]:
-        order = list(range(len(self.tasks)))
-        random.Random(self.seed * 100_003 + self.epoch).shuffle(order)
-        return order
-
-    def sample(self, n: int) -> list[Task]:
-        out = []
-        for _ in range(n):
-            if self.pos >= len(self._order):
-                self.epoch, self.pos = self.epoch + 1, 0
-                self._order = self._perm()
-            out.append(self.tasks[self._order[self.pos]])
-            self.pos += 1
-        return out
-
-    def state(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "pos": self.pos}
-
-    def load(self, state: dict[str, int]) -> None:
-        self.epoch, self.pos = int(state["epoch"]), int(state["pos"])
-        self._order = self._perm()
 
 
 @dataclass
@@ -462,17 +432,6 @@ def release_training_state(s: TrainState) -> None:
 
 
 # ---------------------------------------------------------------------------- the run
-def demo_picks(task_lists: Sequence[list[Task]], demos: int, seed: int) -> list[list[Task]]:
-    """The tasks the SFT warm start demonstrates, per source: ``demos`` shared out evenly
-    (the first sources get the remainder), each drawn in the order of a `TaskSampler`
-    seeded ``seed + 1`` (RL draws with ``seed``)."""
-    n_src = len(task_lists)
-    return [
-        TaskSampler(tasks, seed + 1).sample(min(len(tasks), demos // n_src + (k < demos % n_src)))
-        for k, tasks in enumerate(task_lists)
-    ]
-
-
 def warm_start(setup: Setup, run: RunDir) -> dict[str, float]:
     """SFT on the task's scripted demonstrations run through the real rollout (same masks
     as RL). Logs ``sft/demo_<metric>`` for each task metric, and the headline one per
