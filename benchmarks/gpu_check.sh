@@ -55,14 +55,14 @@ if [ -n "$DATA" ] && part prepare $PY -m agentr1.cli models prepare smollm2-135m
     O=(--root "$R" --docs "$R" "task.config.data_dir=$DATA" model.device=cuda
        eval.batch_tasks=300 optim.micro_batch_size=24 train.tasks_per_step=8
        train.checkpoint_every=10)
-    part mh_warm $PY benchmarks/multihop_real.py warm "${O[@]}"
+    part mh_warm $PY experiments/smollm2_multihop/multihop_real.py warm "${O[@]}"
     for steps in 10 20 30 40 60 80; do
         [ $SECONDS -lt "$BUDGET" ] || break
         part "mh_grpo_$steps" timeout $((BUDGET + 60 - SECONDS)) \
-            $PY benchmarks/multihop_real.py rl --variant grpo "${O[@]}" "train.steps=$steps" \
+            $PY experiments/smollm2_multihop/multihop_real.py rl --variant grpo "${O[@]}" "train.steps=$steps" \
             || break
     done
-    part mh_report $PY benchmarks/multihop_real.py report "${O[@]}"
+    part mh_report $PY experiments/smollm2_multihop/multihop_real.py report "${O[@]}"
     find "$R" \( -name checkpoints -o -name final_model \) -prune -exec rm -rf {} +
 fi
 rm -rf "$OUT"/world_*/checkpoints "$OUT"/world_*/final_model

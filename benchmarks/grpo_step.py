@@ -42,8 +42,8 @@ def check_warm_start(ap: argparse.ArgumentParser, model: str) -> None:
     (``from_pretrained`` would take the path for a hub id and say so, unhelpfully)."""
     if model == WARM_START and not Path(WARM_START).is_dir():
         ap.error(
-            f"no {WARM_START}: make the recipe's warm start first (benchmarks/multihop_real.py "
-            "warm --root runs/multihop_real2) or pass --model DIR"
+            f"no {WARM_START}: make the recipe's warm start first (experiments/smollm2_multihop/"
+            "multihop_real.py warm --root runs/multihop_real2) or pass --model DIR"
         )
 
 

@@ -1,4 +1,4 @@
-"""``benchmarks/rollout_answers.py``: a run's training answers per block of steps, yes / no
+"""``rollout_answers.py``: a run's training answers per block of steps, yes / no
 questions apart."""
 
 from __future__ import annotations
@@ -8,10 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from .benchmark_scripts import benchmark
-
-ra = benchmark("rollout_answers")
+import rollout_answers as ra
 
 
 def episode(step: int, group: int, question: str, gold: str, answer: str | None) -> dict[str, Any]:

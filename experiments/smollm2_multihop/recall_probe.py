@@ -5,8 +5,8 @@ is on the last token only, through the trainer's own `token_logprobs`. Lookup of
 kind is what reading a search result needs; this isolates it from the world and the
 chat format.
 
-    .venv/bin/python benchmarks/recall_probe.py --steps 1500
-    .venv/bin/python benchmarks/recall_probe.py --arch gpt2 --loss plain   # controls
+    .venv/bin/python experiments/smollm2_multihop/recall_probe.py --steps 1500
+    .venv/bin/python experiments/smollm2_multihop/recall_probe.py --arch gpt2 --loss plain  # controls
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import time
 
 import torch
 
+from agentr1 import token_logprobs
 from agentr1.algorithms import masked_aggregate
 from agentr1.tiny import build_tiny_llama
-from agentr1.trainer.logprobs import token_logprobs
 
 
 def batch(

@@ -1,18 +1,17 @@
-"""``benchmarks/oracle_search.py``: the oracle env's search returns each task's own gold
+"""``oracle_search.py``: the oracle env's search returns each task's own gold
 passages, whatever the query, through the normal rollout."""
 
 from __future__ import annotations
 
+import oracle_search
+
+from agentr1 import Task
 from agentr1.backends.scripted import ScriptedGenerator
 from agentr1.retrieval.base import Passage
 from agentr1.rollout import RolloutConfig, run_rollout
 from agentr1.tools.search import SearchTool
-from agentr1.types import Task
+from tests.fakes import byte_chat
 
-from .benchmark_scripts import benchmark
-from .fakes import byte_chat
-
-oracle_search = benchmark("oracle_search")
 GoldPassages, OracleSearchEnv = oracle_search.GoldPassages, oracle_search.OracleSearchEnv
 
 CALL = '<tool_call>{"name": "search", "arguments": {"query": "anything at all"}}</tool_call>'

@@ -2,7 +2,7 @@
 (``fresh_eval.py``'s ``OUT/<name>.jsonl``, or ``eval_episodes.jsonl``) split by question
 kind, each model paired against the first.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/question_kinds.py \\
+    PYTHONPATH=. .venv/bin/python experiments/smollm2_multihop/question_kinds.py \\
         runs/multihop_real2N/outside/warm.jsonl runs/multihop_real2N/outside/grpo_nostd.jsonl
 
 The kind is a keyword rule on the question (`kind`), yes/no by the gold answer; it looks

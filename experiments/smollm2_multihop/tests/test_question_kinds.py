@@ -1,4 +1,4 @@
-"""``benchmarks/question_kinds.py``: the kind rule and the paired table per kind."""
+"""``question_kinds.py``: the kind rule and the paired table per kind."""
 
 from __future__ import annotations
 
@@ -7,10 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from .benchmark_scripts import benchmark
-
-qk = benchmark("question_kinds")
+import question_kinds as qk
 
 
 def test_kind_rule() -> None:

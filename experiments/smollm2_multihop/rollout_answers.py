@@ -2,8 +2,8 @@
 training episode, `RunDir.log_rollouts`), per block of RL steps, the yes / no questions
 apart from the rest.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/rollout_answers.py runs/multihop_real2T/grpo \\
-        --block 4
+    PYTHONPATH=. .venv/bin/python experiments/smollm2_multihop/rollout_answers.py \\
+        runs/multihop_real2T/grpo --block 4
 
 For each block: episodes, EM, how many groups tie on the answer (every sample the same
 outcome reward: their advantage comes from the process rewards only), the mean absolute

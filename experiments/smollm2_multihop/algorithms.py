@@ -9,8 +9,8 @@ evaluation; the shared warm start is timed separately). Ablations:
     first reaches ``--target-em``;
   - loss mask / advantage mask off vs on (GRPO and PPO).
 
-    .venv/bin/python benchmarks/algorithms.py                       # everything (long)
-    .venv/bin/python benchmarks/algorithms.py --variants grpo rloo --steps 60
+    .venv/bin/python experiments/smollm2_multihop/algorithms.py          # everything (long)
+    .venv/bin/python experiments/smollm2_multihop/algorithms.py --variants grpo rloo --steps 60
 
 Results go to stdout as markdown and to ``runs/bench_algorithms/results.json``.
 """
@@ -23,9 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agentr1 import metric_records, train
 from agentr1.config import load_config
-from agentr1.trainer.loop import train
-from agentr1.trainer.run import metric_records
 
 VARIANTS: dict[str, list[str]] = {
     "ppo": ["algo.estimator=gae"],

@@ -1,9 +1,9 @@
 """The paper's table on real data, on this CPU: Base Tool Call, Naive RAG, the SFT warm
 start, GRPO and PPO, all greedy on the same HotpotQA / 2Wiki / MuSiQue eval questions.
 
-    .venv/bin/python benchmarks/multihop_real.py all                   # everything
-    .venv/bin/python benchmarks/multihop_real.py all train.steps=10    # overrides, every phase
-    .venv/bin/python benchmarks/multihop_real.py rl --variant ppo      # one phase
+    .venv/bin/python experiments/smollm2_multihop/multihop_real.py all                 # everything
+    .venv/bin/python experiments/smollm2_multihop/multihop_real.py all train.steps=10  # overrides, all phases
+    .venv/bin/python experiments/smollm2_multihop/multihop_real.py rl --variant ppo    # one phase
 
 Phases (``all`` runs them in this order; each is also a subcommand):
 
@@ -42,7 +42,7 @@ from agentr1.config import Config, load_config
 from agentr1.fileio import write_atomic
 from agentr1.tasks import task_config
 
-RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "multihop_smollm2.yaml"
+RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "multihop_smollm2.yaml"
 VARIANTS = {"grpo": ["algo.estimator=grpo"], "ppo": ["algo.estimator=gae"]}
 LABELS = {"hotpotqa": "HotpotQA", "2wiki": "2Wiki", "musique": "MuSiQue (OOD)"}
 
@@ -54,9 +54,9 @@ def config(args: argparse.Namespace, extra: list[str], defaults: tuple[str, ...]
 
 def baselines(args: argparse.Namespace) -> None:
     """Naive RAG and Base Tool Call with the untrained model -> ROOT/baselines.json."""
+    from agentr1 import build_setup
     from agentr1.eval.evaluate import evaluate
     from agentr1.tasks.multihop_qa.baselines import naive_rag
-    from agentr1.trainer.setup import build_setup
 
     out = args.root / "baselines.json"
     if out.exists():
@@ -101,7 +101,7 @@ def baselines(args: argparse.Namespace) -> None:
 
 def warm(args: argparse.Namespace) -> None:
     """The recipe's SFT warm start and its eval -> ROOT/warm_start/."""
-    from agentr1.trainer.loop import train
+    from agentr1 import train
 
     run_dir = args.root / "warm_start"
     if (run_dir / "summary.json").exists():
@@ -140,7 +140,7 @@ def rl(args: argparse.Namespace) -> None:
     """RL (``args.variant``) from the shared warm start -> ROOT/<variant>/. A finished run
     with fewer steps than ``train.steps`` is extended from its last checkpoint; its
     results so far are kept as ROOT/<variant>_<steps>steps/ (`keep_finished`)."""
-    from agentr1.trainer.loop import train
+    from agentr1 import train
 
     run_dir = args.root / args.variant
     summary = run_dir / "summary.json"
@@ -164,7 +164,7 @@ def rl(args: argparse.Namespace) -> None:
 def reeval(args: argparse.Namespace) -> None:
     """Greedy eval of ``ROOT/<run>/final_model`` with per-question records ->
     ``ROOT/<run>/reeval/`` (for runs made before the loop wrote ``eval_episodes.jsonl``)."""
-    from agentr1.trainer.loop import train
+    from agentr1 import train
 
     run_dir = args.root / args.run / "reeval"
     if (run_dir / "summary.json").exists():
@@ -278,7 +278,7 @@ def moving_average(ys: list[float], width: int = 5) -> list[float]:
 
 def plot(args: argparse.Namespace, out: Path) -> Path | None:
     """GRPO and PPO training curves (5-step moving averages) as one PNG."""
-    from agentr1.trainer.run import metric_records
+    from agentr1 import metric_records
 
     series = {}
     for name in VARIANTS:
@@ -405,7 +405,7 @@ def main() -> None:
     ap.add_argument("--recipe", default=str(RECIPE))
     ap.add_argument("--root", type=Path, default=Path("runs/multihop_real"))
     ap.add_argument("--rag-top-k", type=int, default=5, help="passages in the Naive RAG prompt")
-    ap.add_argument("--docs", default=str(Path(__file__).resolve().parents[1] / "docs"))
+    ap.add_argument("--docs", default=str(Path(__file__).resolve().parents[2] / "docs"))
     ap.add_argument("overrides", nargs="*", help="section.field=value for every phase")
     args = ap.parse_intermixed_args()
     if args.phase == "rl" and args.variant is None:

@@ -1,4 +1,4 @@
-"""``benchmarks/multihop_real.py report`` on synthetic run directories: the paper-shaped
+"""``multihop_real.py report`` on synthetic run directories: the paper-shaped
 table and the paired comparison of each RL run against the warm start."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import multihop_real
 import pytest
 
-from .benchmark_scripts import benchmark
-
-ROOT = Path(__file__).resolve().parents[1]
+STUDY = Path(__file__).resolve().parents[1]
+ROOT = STUDY.parents[1]
 
 
 def _summary(em: float, steps: int = 0) -> dict:
@@ -52,7 +52,7 @@ def test_report_pairs_rl_runs_with_the_warm_start(tmp_path: Path) -> None:
     (tmp_path / "ppo").mkdir()  # no records: a row, but no paired lines
     (tmp_path / "ppo" / "summary.json").write_text(json.dumps(_summary(0.1, 20)))
     (tmp_path / "ppo_killed").mkdir()  # no summary: not a finished run, no row
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "multihop_real.py"), "report"]
+    cmd = [sys.executable, str(STUDY / "multihop_real.py"), "report"]
     cmd += ["--root", str(tmp_path), "--docs", str(tmp_path / "docs")]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -77,7 +77,7 @@ def test_report_pairs_rl_runs_with_the_warm_start(tmp_path: Path) -> None:
 
 
 def test_keep_finished_copies_results_and_leaves_a_resumable_run(tmp_path: Path) -> None:
-    keep_finished = benchmark("multihop_real").keep_finished
+    keep_finished = multihop_real.keep_finished
     run = tmp_path / "grpo"
     (run / "final_model").mkdir(parents=True)
     (run / "final_model" / "model.safetensors").write_text("w")
@@ -101,7 +101,7 @@ def test_keep_finished_copies_results_and_leaves_a_resumable_run(tmp_path: Path)
 def test_rl_defaults_yield_to_the_command_line() -> None:
     import argparse
 
-    config = benchmark("multihop_real").config
+    config = multihop_real.config
     args = argparse.Namespace(recipe=str(ROOT / "recipes" / "multihop_smollm2.yaml"), overrides=[])
     assert config(args, [], defaults=("eval.before=false",)).eval.before is False
     args.overrides = ["eval.before=true", "train.steps=3"]
@@ -110,7 +110,7 @@ def test_rl_defaults_yield_to_the_command_line() -> None:
 
 
 def test_moving_average_skips_steps_that_did_not_log() -> None:
-    moving_average = benchmark("multihop_real").moving_average
+    moving_average = multihop_real.moving_average
     nan = float("nan")
     out = moving_average([1.0, 3.0, nan, 5.0, 7.0, 9.0, 11.0], width=3)
     assert out[:2] == [1.0, 2.0] and out[2] != out[2]  # NaN stays a gap
@@ -121,7 +121,7 @@ def test_curves_draw_the_critic_only_for_the_run_that_has_one(tmp_path: Path) ->
     import argparse
 
     pytest.importorskip("matplotlib")
-    plot = benchmark("multihop_real").plot
+    plot = multihop_real.plot
     for name, extra in (("grpo", {}), ("ppo", {"value_explained_var": 0.1})):
         rows = [{"phase": "rl", "step": s, "f1": 0.1 * s, **extra} for s in range(4)]
         (tmp_path / name).mkdir()

@@ -1,4 +1,4 @@
-"""``benchmarks/fresh_eval.py``: the fresh questions follow the recipe's eval questions in
+"""``fresh_eval.py``: the fresh questions follow the recipe's eval questions in
 the split's seeded order and never include a question the recipe evaluates or trains on."""
 
 from __future__ import annotations
@@ -9,20 +9,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import fresh_eval
 import pytest
 
 from agentr1 import TaskSampler, demo_picks
 from agentr1.config import Config, SFTConfig, TaskConfig, TrainConfig
-from agentr1.configutil import to_dict
 from agentr1.data import normalize_question
 from agentr1.tasks import task_config
 from agentr1.tasks.multihop_qa import QATaskConfig as QAConfig
 from agentr1.tasks.multihop_qa import load_qa_data
+from tests.test_qa_env import ircot_record, tiny_qa_recipe, write_jsonl
 
-from .benchmark_scripts import benchmark
-from .test_qa_env import ircot_record, tiny_qa_recipe, write_jsonl
-
-fresh_eval = benchmark("fresh_eval")
 check_draws, fresh_tasks, outside_tasks, untrained_tasks = (
     fresh_eval.check_draws,
     fresh_eval.fresh_tasks,
@@ -33,7 +30,9 @@ check_draws, fresh_tasks, outside_tasks, untrained_tasks = (
 
 def qa_task(qa: QAConfig, **changes: Any) -> TaskConfig:
     """The ``task`` section of a multihop_qa run with the task config ``qa`` (+ changes)."""
-    return TaskConfig(name="multihop_qa", config=to_dict(dataclasses.replace(qa, **changes)))
+    return TaskConfig(
+        name="multihop_qa", config=dataclasses.asdict(dataclasses.replace(qa, **changes))
+    )
 
 
 def test_fresh_questions_are_new_and_never_trained_on(tmp_path: Path) -> None:

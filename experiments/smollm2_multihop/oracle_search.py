@@ -4,7 +4,8 @@ that returns the question's gold supporting passages whatever the query (clipped
 the real ones). Same prompt, tool format and budgets; only what the search returns
 differs.
 
-    .venv/bin/python benchmarks/oracle_search.py --model runs/multihop_real2/warm_start/final_model \
+    .venv/bin/python experiments/smollm2_multihop/oracle_search.py \\
+        --model runs/multihop_real2/warm_start/final_model \\
         --split hotpotqa task.config.data_dir=../shared/data/raw
 
 Prints EM / F1 / tool calls for both and the paired difference (`agentr1.eval.compare`).
@@ -18,14 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentr1 import Task, ToolEnv
 from agentr1.config import load_config
-from agentr1.envs.base import ToolEnv
 from agentr1.retrieval.base import Passage
 from agentr1.tasks import task_config
 from agentr1.tools.search import SearchTool
-from agentr1.types import Message, Task
+from agentr1.types import Message
 
-RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "multihop_smollm2.yaml"
+RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "multihop_smollm2.yaml"
 
 
 @dataclass
@@ -64,10 +65,10 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*", help="section.field=value")
     args = ap.parse_args()
 
+    from agentr1 import build_setup
     from agentr1.data import normalize_question
     from agentr1.eval.compare import paired
     from agentr1.eval.evaluate import evaluate
-    from agentr1.trainer.setup import build_setup
 
     cfg = load_config(args.recipe, [*args.overrides, f"model.path={args.model}"])
     setup = build_setup(cfg)

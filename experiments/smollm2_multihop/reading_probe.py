@@ -5,7 +5,7 @@ in the context; then the answer in that search result is swapped for another ent
 the same kind (another city, person, ...). A policy that reads answers with whatever the
 passage says; one that guesses from the question alone keeps its answer.
 
-    .venv/bin/python benchmarks/reading_probe.py runs/demo/final_model
+    .venv/bin/python experiments/smollm2_multihop/reading_probe.py runs/demo/final_model
 
 Prints: EM on the true passages, "follows" = fraction of swapped passages whose new value
 the policy answers, and "unchanged" = fraction where the answer did not move at all.

@@ -1,13 +1,13 @@
 """What a GRPO group sees at each sampling temperature: the rollout of a model on training
 questions, G samples each, at several temperatures, next to its greedy episode.
 
-    .venv/bin/python benchmarks/temperature_probe.py --questions 12 --samples 4 \\
+    .venv/bin/python experiments/smollm2_multihop/temperature_probe.py --questions 12 --samples 4 \\
         task.config.data_dir=../shared/data/raw --temperatures 0.3 0.5 0.7 1.0
 
 Reported per temperature: mean EM and reward of the samples (greedy's EM beside them),
 the share of groups whose rewards are not all equal (only those give GRPO a gradient),
 the share with at least one exact answer, searches per episode and the share of
-episodes that end without an answer. Read with RESULTS.md's RL sections: a policy whose
+episodes that end without an answer. Read with NOTES.md's RL sections: a policy whose
 samples score far below its own greedy answer spends RL's signal on sharpening towards
 that greedy answer, which a greedy evaluation does not see.
 
@@ -20,13 +20,25 @@ import argparse
 import dataclasses
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
-from grpo_step import RECIPE, WARM_START, check_warm_start
-
+from agentr1 import build_setup
 from agentr1.config import load_config
 from agentr1.rollout import run_rollout
-from agentr1.trainer.setup import build_setup
+
+RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "multihop_smollm2.yaml"
+WARM_START = "runs/multihop_real2/warm_start/final_model"
+
+
+def check_warm_start(ap: argparse.ArgumentParser, model: str) -> None:
+    """Stop with the command that makes it when ``model`` is the missing default warm start
+    (``from_pretrained`` would take the path for a hub id and say so, unhelpfully)."""
+    if model == WARM_START and not Path(WARM_START).is_dir():
+        ap.error(
+            f"no {WARM_START}: make the recipe's warm start first (experiments/smollm2_multihop/"
+            "multihop_real.py warm --root runs/multihop_real2) or pass --model DIR"
+        )
 
 
 def group_summary(groups: list[Any]) -> dict[str, float]:

@@ -8,7 +8,8 @@ n_eval come first, `agentr1.data.split`), minus every question the recipe trains
 or normalized question): a split whose file is also a training file (2Wiki in
 ``recipes/multihop_smollm2.yaml``) has almost none left, and says so.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/fresh_eval.py --out runs/multihop_real2/fresh \\
+    PYTHONPATH=. .venv/bin/python experiments/smollm2_multihop/fresh_eval.py \\
+        --out runs/multihop_real2/fresh \\
         --model warm=runs/multihop_real2/warm_start/final_model \\
         --model grpo40=runs/multihop_real2/grpo/final_model \\
         --take 200 --splits hotpotqa musique task.config.data_dir=../shared/data/raw
@@ -22,7 +23,8 @@ demonstrations nor the first RL_DRAWS RL draws (`untrained_tasks`; a model whose
 more is refused). The recipe's pool holds 1,092 questions; 400 demonstrated and the first
 200 draws leave 577:
 
-    PYTHONPATH=. .venv/bin/python benchmarks/fresh_eval.py --out runs/multihop_real2L/pool \\
+    PYTHONPATH=. .venv/bin/python experiments/smollm2_multihop/fresh_eval.py \\
+        --out runs/multihop_real2L/pool \\
         --model warm=runs/multihop_real2/warm_start/final_model \\
         --model grpo=runs/multihop_real2L/grpo/final_model \\
         --train-pool 200 --take 1000 task.config.data_dir=../shared/data/raw
@@ -31,7 +33,8 @@ When the recipe's files are used up, ``--questions FILE...`` tests on questions 
 files (question-only ones too) that no recipe file holds and whose answer a search of the
 question finds (`outside_tasks`; a rule that looks at no model):
 
-    PYTHONPATH=. .venv/bin/python benchmarks/fresh_eval.py --out runs/multihop_real2W/outside \\
+    PYTHONPATH=. .venv/bin/python experiments/smollm2_multihop/fresh_eval.py \\
+        --out runs/multihop_real2W/outside \\
         --questions train_mixed/r1searcher_train_stage2_8148.jsonl --take 1000 \\
         --model warm=runs/multihop_real2/warm_start/final_model \\
         --model grpo45=runs/multihop_real2W/grpo/final_model task.config.data_dir=../shared/data/raw
@@ -53,11 +56,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from agentr1 import Task
 from agentr1.config import Config, load_config
 from agentr1.fileio import write_atomic
 from agentr1.rewards import ANSWER_METRICS
 from agentr1.tasks import task_config
-from agentr1.types import Task
 
 METRICS = tuple(ANSWER_METRICS)
 
@@ -68,7 +71,7 @@ if TYPE_CHECKING:
     from agentr1.eval.compare import Paired
     from agentr1.retrieval import Passage
 
-RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "multihop_smollm2.yaml"
+RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "multihop_smollm2.yaml"
 
 
 def fresh_tasks(
@@ -205,7 +208,7 @@ def outside_tasks(
     top-k of at most 5 does not show it). ``drop_yes_no`` leaves out the questions whose
     answer is "yes" or "no": the word in a passage is no evidence, so the rule admits "no"
     by chance and almost never "yes" (all 96 yes/no questions of the 716 pool of
-    RESULTS.md are "no"), and a model that always says "no" scores 1.0 on them.
+    NOTES.md are "no"), and a model that always says "no" scores 1.0 on them.
     ``max_answer_chance`` P generalizes that: it drops a question when any of its answers
     would be among ``answer_top_k`` passages drawn at random with probability above P
     (`answer_chances`: "American" is in 21% of the corpus's passages, so in a random top 5
@@ -213,7 +216,7 @@ def outside_tasks(
     ``drop_answer_in_question`` leaves out the questions that name one of their answers
     (`answer_in_question`): mostly comparisons ("Which film came out first, X or Y?"),
     where naming either option is right half the time without reading anything (26 of
-    the 272 chance-free questions of RESULTS.md, 25 of them comparisons: the RL models
+    the 272 chance-free questions of NOTES.md, 25 of them comparisons: the RL models
     learned to answer them with a name the question gives and gained most of their points
     there).
 
@@ -506,10 +509,10 @@ def main() -> None:
     if unknown:
         ap.error(f"--also-against {', '.join(unknown)}: not a --model or --naive-rag NAME")
 
+    from agentr1 import build_setup
     from agentr1.eval.compare import paired
     from agentr1.eval.evaluate import episode_record, evaluate
     from agentr1.tasks.multihop_qa.baselines import naive_rag
-    from agentr1.trainer.setup import build_setup
 
     base = load_config(args.recipe, args.overrides)
     if args.questions:

@@ -1,4 +1,4 @@
-"""benchmarks/temperature_probe.py: what a GRPO group sees at each sampling temperature."""
+"""temperature_probe.py: what a GRPO group sees at each sampling temperature."""
 
 from __future__ import annotations
 
@@ -6,11 +6,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import temperature_probe
 
-from .benchmark_scripts import benchmark
-from .test_qa_env import tiny_qa_recipe
-
-temperature_probe = benchmark("temperature_probe")
+from tests.test_qa_env import tiny_qa_recipe
 
 
 def episode(reward: float, em: float, searches: int, answer: str | None) -> SimpleNamespace:

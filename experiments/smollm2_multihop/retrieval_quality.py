@@ -14,8 +14,9 @@ Metrics, each averaged over questions, for k in ``--k`` (default 1, 5, 10):
   the title or text of a top-k passage (cover-EM over the passages; "yes"/"no" answers of
   comparison questions rarely occur, so this undercounts them).
 
-    .venv/bin/python benchmarks/retrieval_quality.py                       # all three
-    .venv/bin/python benchmarks/retrieval_quality.py --retrievers bm25 --json out.json
+    .venv/bin/python experiments/smollm2_multihop/retrieval_quality.py  # all three
+    .venv/bin/python experiments/smollm2_multihop/retrieval_quality.py --retrievers bm25 \\
+        --json out.json
 
 Dense embedding of the corpus takes ~8-15 min on one core the first time (cached after).
 """
