@@ -15,7 +15,7 @@ Phases (``all`` runs them in this order; each is also a subcommand):
 4. ``report``: ``ROOT/results.md`` (+ ``results.json``): the table, then each RL run
    paired against the warm start on the same questions (EM / F1 difference, bootstrap
    95% CI, sign test -- `agentr1.eval.compare`); and the curves
-   ``docs/multihop_smollm2_training.png``.
+   ``experiments/smollm2_multihop/plots/multihop_smollm2_training.png`` (``--docs DIR``).
 
 ``reeval --run NAME`` re-evaluates ``ROOT/NAME/final_model`` greedily with per-question
 records, for a run made before training runs wrote ``eval_episodes.jsonl``.
@@ -405,7 +405,7 @@ def main() -> None:
     ap.add_argument("--recipe", default=str(RECIPE))
     ap.add_argument("--root", type=Path, default=Path("runs/multihop_real"))
     ap.add_argument("--rag-top-k", type=int, default=5, help="passages in the Naive RAG prompt")
-    ap.add_argument("--docs", default=str(Path(__file__).resolve().parents[2] / "docs"))
+    ap.add_argument("--docs", default=str(Path(__file__).resolve().parent / "plots"))
     ap.add_argument("overrides", nargs="*", help="section.field=value for every phase")
     args = ap.parse_intermixed_args()
     if args.phase == "rl" and args.variant is None:
