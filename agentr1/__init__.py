@@ -16,6 +16,7 @@ The public API, enough to train an agent on a task of your own:
     spec = TaskSpec(name="units", splits={"train": [...], "test": [...]}, tools=[to_cm])
     summary = train(load_config("recipe.yaml"), task=spec)
 
+- `Message`: one chat message (what `ToolEnv.reset` returns and observations are).
 - `tool` / `Tool`: a tool is a typed, documented function (or any object with ``name``,
   ``description``, a JSON-schema ``parameters`` and an async ``__call__``).
 - `TaskSpec`: what a task gives the trainer (splits, tools, rewards, metrics, optional
@@ -53,6 +54,7 @@ _EXPORTS = {
     "ScriptedPolicy": "agentr1.tasks.base",
     "register_task": "agentr1.tasks.registry",
     "Task": "agentr1.types",
+    "Message": "agentr1.types",
     "StepContext": "agentr1.types",
     "ToolResult": "agentr1.types",
     "Config": "agentr1.config",
@@ -70,6 +72,7 @@ _EXPORTS = {
 __all__ = [
     "Config",
     "Demonstrations",
+    "Message",
     "ScriptedPolicy",
     "Setup",
     "StepContext",
@@ -103,7 +106,7 @@ if TYPE_CHECKING:
     from agentr1.trainer.run import metric_records
     from agentr1.trainer.sampling import TaskSampler, demo_picks
     from agentr1.trainer.setup import Setup, build_setup
-    from agentr1.types import StepContext, Task, ToolResult
+    from agentr1.types import Message, StepContext, Task, ToolResult
 
 
 def __getattr__(name: str) -> Any:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from agentr1 import configutil
+from agentr1.algorithms.objectives import get_kl_variant, get_policy_loss
 from agentr1.algorithms.registry import get_advantage
 from agentr1.rewards.process import ProcessRewardConfig
 from agentr1.rollout.loop import RolloutConfig
@@ -178,12 +179,17 @@ class AlgoConfig:
     """Dual-clip constant for negative advantages (None = off)."""
     agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
     """How per-token losses become one scalar."""
+    policy_loss: str = "ppo_clip"
+    """The policy loss (`agentr1.algorithms.objectives`): ppo_clip (PPO's clipped
+    surrogate with clip-higher and the dual clip), or an import path to your own."""
     kl_coef: float = 0.05
     """Weight of the KL to the reference (the warm-started policy; 0 = no reference model).
-    With sparse rewards it keeps the policy from drifting off the answer format (without
-    it the demo's policy collapsed to `no_tool_call` after ~60 steps, benchmarks/RESULTS.md)."""
-    kl_mode: Literal["k1_reward", "k3_loss"] = "k3_loss"
-    """k1 folded into token rewards, or k3 as a loss term."""
+    With sparse rewards it keeps the policy from drifting off the answer format it was
+    warm-started on."""
+    kl_mode: str = "k3_loss"
+    """Where the KL enters (`agentr1.algorithms.objectives`): k3_loss (k3 as a loss term),
+    k2_loss, k1_reward (k1 folded into the token rewards), or an import path to a
+    `KLVariant` of your own."""
     k3_linear_above: float | None = 3.0
     """k3_loss: past this log-ratio d = log(pi_ref / pi) of a token, k3 = e^d - d - 1
     continues as its tangent line, so one token the policy has moved far below the
@@ -310,10 +316,15 @@ class Config:
         """Check values once; each message says what is wrong and why it matters."""
         errors: list[str] = []
         a, o, r, t = self.algo, self.optim, self.rollout, self.train
-        try:
-            get_advantage(a.estimator)
-        except ValueError as e:
-            errors.append(f"algo.estimator: {e}")
+        for key, getter in (
+            ("estimator", get_advantage),
+            ("policy_loss", get_policy_loss),
+            ("kl_mode", get_kl_variant),
+        ):
+            try:
+                getter(getattr(a, key))
+            except (ValueError, TypeError) as e:
+                errors.append(f"algo.{key}: {e}")
         group_based = {"grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline"}
         if a.estimator in group_based and r.n_samples < 2:
             errors.append(
@@ -469,5 +480,11 @@ def anchor_file_refs(cfg: Config, base: Path) -> Config:
         outcome_reward=_anchor(t.outcome_reward, base) if t.outcome_reward else "",
         process_rewards={_anchor(k, base): v for k, v in t.process_rewards.items()},
     )
-    algo = dataclasses.replace(cfg.algo, estimator=_anchor(cfg.algo.estimator, base))
+    a = cfg.algo
+    algo = dataclasses.replace(
+        a,
+        estimator=_anchor(a.estimator, base),
+        policy_loss=_anchor(a.policy_loss, base),
+        kl_mode=_anchor(a.kl_mode, base),
+    )
     return dataclasses.replace(cfg, task=task, algo=algo)

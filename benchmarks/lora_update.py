@@ -46,7 +46,9 @@ def state_bytes(model: torch.nn.Module, opt: torch.optim.Optimizer) -> int:
 def one_batch(setup: Any) -> Any:
     """The recipe's rollout of one question -> the `UpdateBatch` a GRPO step would use."""
     from agentr1.rollout.collate import collate_groups
-    from agentr1.trainer.loop import Timer, make_state, sample_rollouts, update_batch
+    from agentr1.trainer.loop import sample_rollouts
+    from agentr1.trainer.scoring import update_batch
+    from agentr1.trainer.state import Timer, make_state
 
     s = make_state(setup)
     groups, _ = sample_rollouts(s, Timer())
@@ -55,7 +57,7 @@ def one_batch(setup: Any) -> Any:
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
     from agentr1.trainer.setup import build_setup, train_autocast
-    from agentr1.trainer.update import rl_update
+    from agentr1.trainer.update import Learner, rl_update
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--model", default=WARM_START, help="a model that calls the search tool")
@@ -97,9 +99,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         for name, (model, opt, _) in contenders.items():
             t0 = time.perf_counter()
             rl_update(
-                model,
-                opt,
-                None,
+                Learner(model, opt),
                 ub,
                 cfg.algo,
                 cfg.optim,

@@ -16,9 +16,11 @@ from pathlib import Path
 import pytest
 
 from agentr1.config import load_config
-from agentr1.trainer.loop import make_state, rl_step, warm_start
+from agentr1.trainer.loop import rl_step
 from agentr1.trainer.run import RunDir
 from agentr1.trainer.setup import build_setup
+from agentr1.trainer.sft import warm_start
+from agentr1.trainer.state import make_state
 
 CFG = [
     "task.config.world.hops=[1,2]",

@@ -121,17 +121,17 @@ def signed_advantages(monkeypatch: pytest.MonkeyPatch) -> None:
     reward in a few steps, so every advantage would be 0 and nothing would train: this
     checks the run's plumbing (which weights train, the reference, the checkpoints and
     the saved model), not learning."""
-    from agentr1.trainer import loop
+    from agentr1.trainer import scoring
 
-    original = loop.compute_step_advantages
+    original = scoring.step_advantages
     gen = torch.Generator().manual_seed(0)
 
-    def patched(cfg, batch, scored, adv_mask_BT):  # type: ignore[no-untyped-def]
-        adv_BT, ret_BT, metrics = original(cfg, batch, scored, adv_mask_BT)
-        signs_BT = torch.randint(0, 2, adv_BT.shape, generator=gen).float() * 2 - 1
-        return signs_BT * adv_mask_BT, ret_BT, metrics
+    def patched(cfg, batch, scores, adv_mask_BT):  # type: ignore[no-untyped-def]
+        adv = original(cfg, batch, scores, adv_mask_BT)
+        signs_BT = torch.randint(0, 2, adv.advantages_BT.shape, generator=gen).float() * 2 - 1
+        return scoring.Advantages(signs_BT * adv_mask_BT, adv.returns_BT, adv.metrics)
 
-    monkeypatch.setattr(loop, "compute_step_advantages", patched)
+    monkeypatch.setattr(scoring, "step_advantages", patched)
 
 
 @pytest.mark.parametrize("estimator", ["grpo", "gae"])
@@ -312,7 +312,7 @@ def test_save_model_mid_run_writes_a_plain_model_and_leaves_the_adapters(tmp_pat
 
     from transformers import AutoModelForCausalLM
 
-    from agentr1.trainer.loop import save_model
+    from agentr1.trainer.best import save_model
 
     model = tiny_llama(vocab_size=64, hidden=32, layers=2)
     lora.apply_lora(model, rank=4, alpha=8)

@@ -132,7 +132,7 @@ def test_rl_update_under_autocast_uses_fresh_weights_every_optimizer_step() -> N
     would show through a stale cache."""
     from agentr1.config import AlgoConfig, OptimConfig
     from agentr1.trainer.logprobs import token_logprobs
-    from agentr1.trainer.update import UpdateBatch, rl_update
+    from agentr1.trainer.update import Learner, UpdateBatch, rl_update
     from tests.tiny_models import tiny_llama
 
     ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
@@ -147,9 +147,7 @@ def test_rl_update_under_autocast_uses_fresh_weights_every_optimizer_step() -> N
         batch = UpdateBatch(ids, torch.ones_like(ids), mask, mask, old)
         kwargs = {} if ctx is None else {"autocast": ctx}
         out = rl_update(
-            model,
-            torch.optim.SGD(model.parameters(), lr=1.0),
-            None,
+            Learner(model, torch.optim.SGD(model.parameters(), lr=1.0)),
             batch,
             AlgoConfig(),
             OptimConfig(ppo_epochs=20),

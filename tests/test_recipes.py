@@ -57,7 +57,7 @@ def test_smollm2_recipe_is_sized_for_cpu() -> None:
     assert cfg.task.name == "multihop_qa" and cfg.sft.enabled and cfg.algo.estimator == "grpo"
     assert (cfg.train.tasks_per_step, cfg.rollout.n_samples) == (6, 4)
     assert cfg.rollout.temperature == 1.0 and cfg.train.steps == 28
-    # the tested setting (benchmarks/prereg/10_grpo_no_std.md): no std division, 4
+    # the setting the SmolLM2 study tested (experiments/smollm2_multihop/): no std division, 4
     # minibatches at lr 2e-5 after an 8-step warmup, a penalty for no answer
     assert not cfg.algo.norm_by_std and cfg.task.process.no_answer == 0.2
     o = cfg.optim

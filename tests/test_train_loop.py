@@ -162,17 +162,17 @@ def test_a_checkpoint_that_fails_mid_run_does_not_end_the_run(
 ) -> None:
     """The step-2 checkpoint fails (as a full disk would): logged, counted in the summary,
     and training goes on to its final checkpoint and model."""
-    from agentr1.trainer import loop
+    from agentr1.trainer import state
     from agentr1.trainer.checkpoint import CheckpointError, latest_checkpoint
 
-    real = loop.save_checkpoint
+    real = state.save_checkpoint
 
     def flaky(root, step, *args, **kwargs):  # type: ignore[no-untyped-def]
         if step == 2:
             raise CheckpointError(f"checkpoint step {step} could not be written: disk full")
         return real(root, step, *args, **kwargs)
 
-    monkeypatch.setattr(loop, "save_checkpoint", flaky)
+    monkeypatch.setattr(state, "save_checkpoint", flaky)
     cfg = load_config(
         None,
         [
@@ -253,8 +253,8 @@ def test_eval_episodes_checkpoint_and_extending_a_finished_run(tmp_path: Path) -
 
 
 def test_release_training_state_frees_what_only_training_needs() -> None:
-    from agentr1.trainer.loop import make_state, release_training_state
     from agentr1.trainer.setup import build_setup
+    from agentr1.trainer.state import make_state, release_training_state
 
     cfg = load_config(None, [*SMALL, "algo.estimator=gae", "algo.kl_coef=0.01"])
     s = make_state(build_setup(cfg))
@@ -270,7 +270,7 @@ def test_release_training_state_frees_what_only_training_needs() -> None:
 def test_mask_ablations_train_tool_tokens(tmp_path: Path) -> None:
     """With the loss mask off, tool-response tokens get advantages and are trained."""
     from agentr1.rollout.collate import collate
-    from agentr1.trainer.loop import _masks
+    from agentr1.trainer.scoring import masks
     from agentr1.types import Trajectory
 
     t = Trajectory(task_id="x")
@@ -280,13 +280,13 @@ def test_mask_ablations_train_tool_tokens(tmp_path: Path) -> None:
     t.append_sampled([7], [0.0], "")
     b = collate([t], [0], pad_id=0)
     on = load_config(None, [])
-    train_m, adv_m = _masks(b, on)
+    train_m, adv_m = masks(b, on)
     assert train_m.tolist() == adv_m.tolist() == [[0, 0, 1, 1, 0, 0, 1]]
     off = load_config(None, ["algo.loss_mask=false"])
-    train_m, adv_m = _masks(b, off)
+    train_m, adv_m = masks(b, off)
     assert train_m.tolist() == adv_m.tolist() == [[0, 1, 1, 1, 1, 1, 1]]
     adv_only = load_config(None, ["algo.advantage_mask=false"])
-    train_m, adv_m = _masks(b, adv_only)
+    train_m, adv_m = masks(b, adv_only)
     assert train_m.tolist() == [[0, 0, 1, 1, 0, 0, 1]] and adv_m.tolist() == [[0, 1, 1, 1, 1, 1, 1]]
 
 
@@ -311,6 +311,7 @@ def test_keep_best_writes_the_weights_of_the_best_evaluation(
         return res
 
     monkeypatch.setattr(loop, "run_eval", scripted)
+
     cfg = load_config(
         None,
         [
@@ -343,7 +344,7 @@ def test_keep_best_picks_strictly_better_and_survives_a_failed_write(
 ) -> None:
     from types import SimpleNamespace
 
-    from agentr1.trainer import loop
+    from agentr1.trainer import best
 
     written: list[int] = []
     fail = {"now": False}
@@ -353,7 +354,7 @@ def test_keep_best_picks_strictly_better_and_survives_a_failed_write(
             raise OSError("disk full")
         written.append(step)
 
-    monkeypatch.setattr(loop, "save_model", fake_save)
+    monkeypatch.setattr(best, "save_model", fake_save)
     head = SimpleNamespace(primary_metric="em")
     setup = SimpleNamespace(
         cfg=load_config(None, ["train.eval_every=1", "train.keep_best=true"]), task=head
@@ -372,12 +373,12 @@ def test_keep_best_picks_strictly_better_and_survives_a_failed_write(
         (4, (0.1, 0.1), False),
     ]:
         fail["now"] = broken
-        loop.keep_if_best(setup, run, summary, res(*ems), step)  # type: ignore[arg-type]
+        best.keep_if_best(setup, run, summary, res(*ems), step)  # type: ignore[arg-type]
     assert written == [0, 3]
     assert summary["best_model"] == {"step": 3, "greedy_em": pytest.approx(0.35)}
     assert summary["best_model_errors"] == 1
     off = SimpleNamespace(cfg=load_config(None, []), task=head)
-    loop.keep_if_best(off, run, summary, res(0.9), 5)  # type: ignore[arg-type]
+    best.keep_if_best(off, run, summary, res(0.9), 5)  # type: ignore[arg-type]
     assert written == [0, 3]
 
 
@@ -392,7 +393,7 @@ def test_keep_best_after_a_resume_knows_the_model_a_killed_attempt_wrote(
     """Killed after step 3 (checkpoint at step 2) with step 3 the best and written; the
     resumed run re-evaluates step 3 lower (as nondeterministic hardware could), so the
     summary must name the step-3 model on disk, not the step-2 choice in the checkpoint."""
-    from agentr1.trainer import loop
+    from agentr1.trainer import best, loop
 
     ems = {"before": [0.1], "step 1": [0.2], "step 2": [0.3], "step 3": [0.6, 0.4], "step 4": [0.5]}
     real = loop.run_eval
@@ -419,7 +420,7 @@ def test_keep_best_after_a_resume_knows_the_model_a_killed_attempt_wrote(
         ],
     )
     train(cfg, stop_after=3)
-    marker = json.loads((tmp_path / "best_model" / loop.BEST_MARKER).read_text())
+    marker = json.loads((tmp_path / "best_model" / best.BEST_MARKER).read_text())
     assert marker == {"step": 3, "greedy_em": 0.6}
     summary = train(cfg, resume=True)
     assert summary["best_model"] == {"step": 3, "greedy_em": 0.6, "before_resume": True}

@@ -14,7 +14,7 @@ from agentr1.config import AlgoConfig, OptimConfig
 from agentr1.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from agentr1.trainer.critic import ValueModel
 from agentr1.trainer.logprobs import token_logprobs
-from agentr1.trainer.update import UpdateBatch, rl_update
+from agentr1.trainer.update import Learner, UpdateBatch, rl_update
 from agentr1.types import Trajectory
 
 from .tiny_models import tiny_llama
@@ -172,9 +172,7 @@ def test_micro_batching_gives_the_same_update(mode: str) -> None:
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         ub = make_update_batch(model)
         rl_update(
-            model,
-            opt,
-            None,
+            Learner(model, opt),
             ub,
             AlgoConfig(agg_mode=mode),
             OptimConfig(micro_batch_size=micro, grad_clip=1e9),
@@ -196,7 +194,7 @@ def test_non_finite_update_is_skipped_and_weights_unchanged() -> None:
     ub = make_update_batch(model)
     ub.advantages_BT[0, 4] = math.nan  # a poisoned advantage on an agent token
     m = rl_update(
-        model, opt, None, ub, AlgoConfig(), OptimConfig(), 1.0, torch.Generator().manual_seed(0)
+        Learner(model, opt), ub, AlgoConfig(), OptimConfig(), 1.0, torch.Generator().manual_seed(0)
     )
     assert m["skipped_updates"] == 1.0
     for a, b in zip(before, model.parameters(), strict=True):
@@ -214,7 +212,7 @@ def test_one_token_far_below_the_reference_does_not_dominate_the_kl_update() -> 
         ub.ref_logprobs_BT[0, 4] += 10.0  # the reference finds it e^10 times likelier
         algo = AlgoConfig(kl_coef=1.0, k3_linear_above=above)
         metrics[above] = rl_update(
-            model, opt, None, ub, algo, OptimConfig(), 1.0, torch.Generator().manual_seed(0)
+            Learner(model, opt), ub, algo, OptimConfig(), 1.0, torch.Generator().manual_seed(0)
         )
     n_tokens = float(make_update_batch(tiny_llama()).loss_mask_BT.sum())
     exact, bounded = metrics[None], metrics[3.0]
@@ -239,7 +237,12 @@ def test_values_at_mask_zero_do_not_change_the_update() -> None:
             ub.advantages_BT[:, 6:8] = 1e6  # tool-response tokens
             ub.old_logprobs_BT[:, 0:3] = -1e6  # prompt tokens
         rl_update(
-            model, opt, None, ub, AlgoConfig(), OptimConfig(), 1.0, torch.Generator().manual_seed(0)
+            Learner(model, opt),
+            ub,
+            AlgoConfig(),
+            OptimConfig(),
+            1.0,
+            torch.Generator().manual_seed(0),
         )
         outs.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
     torch.testing.assert_close(outs[0], outs[1])

@@ -1,5 +1,12 @@
 """One RL update: K epochs of minibatch steps over a rollout batch.
 
+    rl_update                    epochs x minibatches (`_minibatch_step` each)
+      _minibatch_step            micro-batches (`_accumulate`), then one optimizer step
+        _accumulate              policy terms + critic terms of one micro-batch, backward
+          policy_terms           the policy loss (``algo.policy_loss``), entropy bonus,
+                                 a KL loss term (``algo.kl_mode``, when it is one)
+          critic_terms           the clipped value loss (gae)
+
 Notation: B = rows, T = tokens. Every per-token tensor is [B, T] and aligned with
 ``input_ids_BT`` (see `token_logprobs`).
 
@@ -15,17 +22,18 @@ import logging
 import math
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
 
-from agentr1.algorithms import (
-    aggregation_weight,
-    kl_loss,
-    masked_aggregate,
-    policy_loss_ppo,
-    value_loss,
+from agentr1.algorithms import aggregation_weight, masked_aggregate, value_loss
+from agentr1.algorithms.objectives import (
+    KLLossFn,
+    PolicyLossFn,
+    PolicyLossInputs,
+    get_kl_variant,
+    get_policy_loss,
 )
 from agentr1.config import AlgoConfig, OptimConfig
 from agentr1.trainer.logprobs import token_logprobs
@@ -68,151 +76,181 @@ def _finite_grads(params: list[torch.nn.Parameter]) -> bool:
     return all(p.grad is None or bool(torch.isfinite(p.grad).all()) for p in params)
 
 
-def _tail_frac(lp_BT: torch.Tensor, mc: UpdateBatch, above: float) -> float:
-    """Share of loss tokens whose log(pi_ref / pi) exceeds ``above`` (k3's linear tail)."""
-    assert mc.ref_logprobs_BT is not None
-    mask_BT = mc.loss_mask_BT > 0
-    tail_BT = (mc.ref_logprobs_BT - lp_BT.detach()) > above
-    return float((tail_BT & mask_BT).sum() / mask_BT.sum().clamp(min=1))
+@dataclass
+class Learner:
+    """What an update changes: the policy and its optimizer / LR schedule, and the critic
+    with its optimizer when the estimator has one (gae)."""
+
+    policy: Any
+    optimizer: torch.optim.Optimizer
+    scheduler: Any = None
+    critic: Any | None = None
+    critic_optimizer: torch.optim.Optimizer | None = None
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.critic_optimizer is not None:
+            self.critic_optimizer.zero_grad(set_to_none=True)
+
+
+@dataclass
+class _Terms:
+    """The fixed choices of one update, resolved once."""
+
+    algo: AlgoConfig
+    temperature: float
+    train_policy: bool
+    policy_loss: PolicyLossFn
+    kl_loss: KLLossFn | None
+
+
+@dataclass
+class MetricMeans:
+    """Running means of scalar metrics over micro-batches / optimizer steps."""
+
+    sums: dict[str, float] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def add(self, values: dict[str, float]) -> None:
+        for k, v in values.items():
+            self.sums[k] = self.sums.get(k, 0.0) + v
+            self.counts[k] = self.counts.get(k, 0) + 1
+
+    def means(self) -> dict[str, float]:
+        return {k: self.sums[k] / self.counts[k] for k in self.sums}
+
+
+def policy_terms(policy: Any, mc: UpdateBatch, t: _Terms) -> tuple[torch.Tensor, dict[str, float]]:
+    """The policy's loss on one micro-batch: the registered policy loss, minus the entropy
+    bonus, plus ``kl_coef`` x a KL loss term (when the KL variant is one and there is a
+    reference). Old log-probs default to this forward's own (on-policy: ratio 1)."""
+    algo = t.algo
+    lp_BT, ent_BT = token_logprobs(
+        policy,
+        mc.input_ids_BT,
+        mc.attention_mask_BT,
+        mc.loss_mask_BT,
+        temperature=t.temperature,
+        with_entropy=True,
+    )
+    old_BT = mc.old_logprobs_BT if mc.old_logprobs_BT is not None else lp_BT.detach()
+    loss, metrics = t.policy_loss(
+        PolicyLossInputs(lp_BT, old_BT, mc.advantages_BT, mc.loss_mask_BT), algo
+    )
+    ent = masked_aggregate(ent_BT, mc.loss_mask_BT, algo.agg_mode)
+    metrics = {"policy_loss": loss.item(), "entropy": ent.item(), **metrics}
+    if algo.entropy_coef > 0:
+        loss = loss - algo.entropy_coef * ent
+    if t.kl_loss is not None and algo.kl_coef > 0 and mc.ref_logprobs_BT is not None:
+        kl, kl_metrics = t.kl_loss(lp_BT, mc.ref_logprobs_BT, mc.loss_mask_BT, algo)
+        loss = loss + algo.kl_coef * kl
+        metrics |= kl_metrics
+    return loss, metrics
+
+
+def critic_terms(
+    critic: Any, mc: UpdateBatch, algo: AlgoConfig
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The critic's clipped value loss toward the returns on one micro-batch."""
+    assert mc.returns_BT is not None and mc.old_values_BT is not None
+    v_BT = critic(mc.input_ids_BT, mc.attention_mask_BT)
+    vl, vm = value_loss(
+        v_BT,
+        mc.old_values_BT,
+        mc.returns_BT,
+        mc.loss_mask_BT,
+        clip_range=algo.value_clip,
+        agg_mode=algo.agg_mode,
+    )
+    return vl, {"value_loss": vl.item(), "vf_clipfrac": float(vm["vf_clipfrac"])}
+
+
+def _accumulate(
+    learner: Learner, mc: UpdateBatch, weight: float, t: _Terms, log_to: MetricMeans
+) -> bool:
+    """Backpropagate ``weight`` x one micro-batch's loss; False (nothing backpropagated)
+    when the loss is not finite."""
+    loss = torch.zeros(())
+    if t.train_policy:
+        pl, pm = policy_terms(learner.policy, mc, t)
+        loss = loss + pl
+        log_to.add(pm)
+    if learner.critic is not None and mc.returns_BT is not None and mc.old_values_BT is not None:
+        vl, vm = critic_terms(learner.critic, mc, t.algo)
+        loss = loss + vl
+        log_to.add(vm)
+    if not torch.isfinite(loss):
+        return False
+    (loss * weight).backward()
+    return True
+
+
+def _minibatch_step(
+    learner: Learner, mb: UpdateBatch, t: _Terms, optim: OptimConfig, log_to: MetricMeans
+) -> bool:
+    """Accumulate a minibatch's micro-batches, then step the optimizers; False (weights
+    unchanged) when a loss or gradient is not finite.
+
+    Each micro-batch's loss is weighted by its share of the minibatch's aggregation
+    denominator, so the gradient is the same whatever the split. Micro-batches of similar
+    length pad less; sorting by length is free accuracy-wise."""
+    denom = aggregation_weight(mb.loss_mask_BT, t.algo.agg_mode).clamp(min=1.0)
+    learner.zero_grad()
+    by_len = torch.argsort(mb.attention_mask_BT.sum(-1), stable=True)
+    for micro_idx in by_len.split(optim.micro_batch_size):
+        mc = _trim(mb.rows(micro_idx))
+        w = float(aggregation_weight(mc.loss_mask_BT, t.algo.agg_mode) / denom)
+        if w != 0.0 and not _accumulate(learner, mc, w, t, log_to):
+            break
+    else:
+        params = [p for p in learner.policy.parameters() if p.requires_grad]
+        critic_params = [] if learner.critic is None else learner.critic.parameters()
+        cparams = [p for p in critic_params if p.requires_grad]
+        if _finite_grads(params + cparams):
+            if t.train_policy:
+                gn = torch.nn.utils.clip_grad_norm_(params, optim.grad_clip)
+                log_to.add({"grad_norm": float(gn)})
+                learner.optimizer.step()
+            if learner.critic_optimizer is not None:
+                torch.nn.utils.clip_grad_norm_(cparams, optim.grad_clip)
+                learner.critic_optimizer.step()
+            return True
+    log.warning("non-finite loss or gradient: update skipped, weights unchanged")
+    learner.zero_grad()
+    return False
 
 
 def rl_update(
-    policy: Any,
-    optimizer: torch.optim.Optimizer,
-    scheduler: Any,
+    learner: Learner,
     batch: UpdateBatch,
     algo: AlgoConfig,
     optim: OptimConfig,
     temperature: float,
     generator: torch.Generator,
-    critic: Any | None = None,
-    critic_optimizer: torch.optim.Optimizer | None = None,
     train_policy: bool = True,
     autocast: Callable[[], AbstractContextManager[Any]] = nullcontext,
 ) -> dict[str, float]:
-    """K epochs x minibatches of PPO-clip steps (and critic steps when a critic is given).
+    """K epochs x minibatches of policy steps (and critic steps when the learner has a
+    critic); returns the metrics' means, ``skipped_updates`` and ``lr``.
 
     ``autocast`` makes the context of each optimizer step's forward and backward passes
-    (e.g. `agentr1.trainer.setup.train_autocast`).
+    (e.g. `agentr1.trainer.setup.train_autocast`): one context per step, because autocast
+    caches its low-precision copies of the weights until the context exits.
     """
-    B = batch.input_ids_BT.shape[0]
-    sums: dict[str, float] = {}
-    counts: dict[str, int] = {}
-
-    def add(k: str, v: float) -> None:
-        sums[k] = sums.get(k, 0.0) + v
-        counts[k] = counts.get(k, 0) + 1
-
-    params = [p for p in policy.parameters() if p.requires_grad]
-    cparams = [p for p in critic.parameters() if p.requires_grad] if critic is not None else []
-    policy.train()
+    kl = get_kl_variant(algo.kl_mode)
+    terms = _Terms(algo, temperature, train_policy, get_policy_loss(algo.policy_loss), kl.loss)
+    means = MetricMeans()
     skipped = 0
+    learner.policy.train()
+    B = batch.input_ids_BT.shape[0]
     for _epoch in range(optim.ppo_epochs):
         perm = torch.randperm(B, generator=generator)
         for mb_idx in perm.chunk(optim.minibatches):
-            # One autocast context per optimizer step: autocast caches its low-precision
-            # copies of the weights until the context exits.
             with autocast():
-                mb = batch.rows(mb_idx)
-                denom = aggregation_weight(mb.loss_mask_BT, algo.agg_mode).clamp(min=1.0)
-                optimizer.zero_grad(set_to_none=True)
-                if critic_optimizer is not None:
-                    critic_optimizer.zero_grad(set_to_none=True)
-                bad = False
-                # Micro-batches of similar length pad less; the accumulated gradient is the
-                # same whatever the split (weights below), so sorting is free accuracy-wise.
-                by_len = torch.argsort(mb.attention_mask_BT.sum(-1), stable=True)
-                for micro_idx in by_len.split(optim.micro_batch_size):
-                    mc = _trim(mb.rows(micro_idx))
-                    w = float(aggregation_weight(mc.loss_mask_BT, algo.agg_mode) / denom)
-                    if w == 0.0:
-                        continue
-                    loss = torch.zeros(())
-                    if train_policy:
-                        lp_BT, ent_BT = token_logprobs(
-                            policy,
-                            mc.input_ids_BT,
-                            mc.attention_mask_BT,
-                            mc.loss_mask_BT,
-                            temperature=temperature,
-                            with_entropy=True,
-                        )
-                        old_BT = (
-                            mc.old_logprobs_BT if mc.old_logprobs_BT is not None else lp_BT.detach()
-                        )
-                        pl, pm = policy_loss_ppo(
-                            lp_BT,
-                            old_BT,
-                            mc.advantages_BT,
-                            mc.loss_mask_BT,
-                            clip_low=algo.clip_low,
-                            clip_high=algo.clip_high,
-                            dual_clip_c=algo.dual_clip,
-                            agg_mode=algo.agg_mode,
-                        )
-                        loss = loss + pl
-                        ent = masked_aggregate(ent_BT, mc.loss_mask_BT, algo.agg_mode)
-                        if algo.entropy_coef > 0:
-                            loss = loss - algo.entropy_coef * ent
-                        if (
-                            algo.kl_coef > 0
-                            and algo.kl_mode == "k3_loss"
-                            and mc.ref_logprobs_BT is not None
-                        ):
-                            kl = kl_loss(
-                                lp_BT,
-                                mc.ref_logprobs_BT,
-                                mc.loss_mask_BT,
-                                "k3",
-                                algo.agg_mode,
-                                algo.k3_linear_above,
-                            )
-                            loss = loss + algo.kl_coef * kl
-                            add("kl", kl.item())
-                            if algo.k3_linear_above is not None:
-                                add("kl_tail_frac", _tail_frac(lp_BT, mc, algo.k3_linear_above))
-                        add("policy_loss", pl.item())
-                        add("entropy", ent.item())
-                        for k, v in pm.items():
-                            add(k, float(v))
-                    if (
-                        critic is not None
-                        and mc.returns_BT is not None
-                        and mc.old_values_BT is not None
-                    ):
-                        v_BT = critic(mc.input_ids_BT, mc.attention_mask_BT)
-                        vl, vm = value_loss(
-                            v_BT,
-                            mc.old_values_BT,
-                            mc.returns_BT,
-                            mc.loss_mask_BT,
-                            clip_range=algo.value_clip,
-                            agg_mode=algo.agg_mode,
-                        )
-                        loss = loss + vl
-                        add("vf_clipfrac", float(vm["vf_clipfrac"]))
-                        add("value_loss", vl.item())
-                    if not torch.isfinite(loss):
-                        bad = True
-                        break
-                    (loss * w).backward()
-                if bad or not _finite_grads(params + cparams):
-                    skipped += 1
-                    log.warning("non-finite loss or gradient: update skipped, weights unchanged")
-                    optimizer.zero_grad(set_to_none=True)
-                    if critic_optimizer is not None:
-                        critic_optimizer.zero_grad(set_to_none=True)
-                    continue
-                if train_policy:
-                    gn = torch.nn.utils.clip_grad_norm_(params, optim.grad_clip)
-                    add("grad_norm", float(gn))
-                    optimizer.step()
-                if critic_optimizer is not None:
-                    torch.nn.utils.clip_grad_norm_(cparams, optim.grad_clip)
-                    critic_optimizer.step()
-    if train_policy and scheduler is not None:
-        scheduler.step()
-    out = {k: sums[k] / counts[k] for k in sums}
+                skipped += not _minibatch_step(learner, batch.rows(mb_idx), terms, optim, means)
+    if train_policy and learner.scheduler is not None:
+        learner.scheduler.step()
+    out = means.means()
     out["skipped_updates"] = float(skipped)
-    out["lr"] = float(optimizer.param_groups[0]["lr"])
+    out["lr"] = float(learner.optimizer.param_groups[0]["lr"])
     return {k: (v if math.isfinite(v) else float("nan")) for k, v in out.items()}

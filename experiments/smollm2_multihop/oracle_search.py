@@ -19,12 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentr1 import Task, ToolEnv
+from agentr1 import Message, Task, ToolEnv
 from agentr1.config import load_config
 from agentr1.retrieval.base import Passage
 from agentr1.tasks import task_config
 from agentr1.tools.search import SearchTool
-from agentr1.types import Message
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "multihop_smollm2.yaml"
 

@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 CORPORA = ("eval", "contexts", "contexts+wiki")
 """``--corpus``: "eval" = the evaluated files' own context paragraphs; "contexts" = plus
 every question file with context under the data directory (the corpus of ``multihop_qa``
-recipes and benchmarks/retrieval_quality.py); "contexts+wiki" = plus Wikipedia
+recipes); "contexts+wiki" = plus Wikipedia
 distractors."""
 
 

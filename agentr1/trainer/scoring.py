@@ -1,0 +1,159 @@
+"""A collated rollout batch -> what the update takes: masks, scores, advantages.
+
+    masks            train mask and advantage mask [B, T] (the ablations swap in "every
+                     real token")
+    score_batch      reference log-probs, critic values and (off-policy) old log-probs
+    step_advantages  token rewards (with a reward-side KL variant folded in) -> the
+                     registered estimator's advantages and returns
+    update_batch     all of it as an `UpdateBatch`
+
+Notation: B = rows (episodes), T = tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from agentr1 import lora
+from agentr1.algorithms import (
+    AdvantageConfig,
+    AdvantageInputs,
+    apply_kl_to_rewards,
+    compute_advantages,
+    explained_variance,
+)
+from agentr1.algorithms.objectives import get_kl_variant
+from agentr1.config import Config
+from agentr1.trainer.logprobs import token_logprobs
+from agentr1.trainer.setup import train_autocast
+from agentr1.trainer.state import Timer, TrainState
+from agentr1.trainer.update import UpdateBatch
+from agentr1.types import RolloutBatch
+
+
+@dataclass(frozen=True)
+class Scores:
+    """The step's extra forward passes over the batch, [B, T] each, None when not needed."""
+
+    ref_BT: torch.Tensor | None = None
+    """Reference log-probs (a KL is on)."""
+    values_BT: torch.Tensor | None = None
+    """Critic values at rollout time (gae)."""
+    old_BT: torch.Tensor | None = None
+    """The trainer's own log-probs before the update (off-policy updates, the loss-mask
+    ablation); on-policy, the update takes them from its first forward (ratio 1)."""
+
+
+@dataclass(frozen=True)
+class Advantages:
+    advantages_BT: torch.Tensor
+    returns_BT: torch.Tensor
+    metrics: dict[str, float]
+
+
+def masks(batch: RolloutBatch, cfg: Config) -> tuple[torch.Tensor, torch.Tensor]:
+    """(train mask, advantage mask) [B, T]; the ablations swap in "every real token".
+
+    With the loss mask off, every real token is trained, so it needs an advantage too:
+    the advantage mask then covers every real token as well (otherwise the ablation
+    would train prompt and tool tokens with advantage 0, i.e. not at all).
+    """
+    real_BT = batch.attention_mask_BT.float().clone()
+    real_BT[:, 0] = 0.0  # the first token has no log-prob
+    train_BT = batch.loss_mask_BT if cfg.algo.loss_mask else real_BT
+    both_on = cfg.algo.advantage_mask and cfg.algo.loss_mask
+    adv_BT = batch.loss_mask_BT if both_on else real_BT
+    return train_BT, adv_BT
+
+
+@torch.no_grad()
+def score_batch(
+    s: TrainState, batch: RolloutBatch, train_mask_BT: torch.Tensor, timer: Timer
+) -> Scores:
+    """Reference log-probs, critic values and (when off-policy) old log-probs.
+
+    On-policy (one epoch, one minibatch) the update takes the old log-probs from its own
+    forward pass (ratio 1), never from the sampler, so a bf16 sampler copy changes nothing
+    there."""
+    cfg = s.setup.cfg
+    policy = s.setup.policy
+    temp = cfg.rollout.temperature
+
+    def logprobs(model: torch.nn.Module) -> torch.Tensor:
+        lp_BT, _ = token_logprobs(
+            model, batch.input_ids_BT, batch.attention_mask_BT, train_mask_BT, temp
+        )
+        return lp_BT
+
+    old = ref = values = None
+    on_policy = cfg.optim.ppo_epochs == 1 and cfg.optim.minibatches == 1
+    with train_autocast(cfg, policy):
+        if not on_policy or not cfg.algo.loss_mask:
+            with timer("old_logprobs"):
+                policy.eval()
+                old = logprobs(policy)
+        if s.reference is not None:
+            with timer("reference"):
+                ref = logprobs(s.reference)
+        elif cfg.algo.kl_coef > 0 and lora.lora_modules(policy):
+            with timer("reference"), lora.adapters_disabled(policy):
+                policy.eval()
+                ref = logprobs(policy)
+        if s.critic is not None:
+            with timer("values"):
+                values = s.critic(batch.input_ids_BT, batch.attention_mask_BT)
+    return Scores(ref_BT=ref, values_BT=values, old_BT=old)
+
+
+def step_advantages(
+    cfg: Config, batch: RolloutBatch, scores: Scores, adv_mask_BT: torch.Tensor
+) -> Advantages:
+    """Token rewards (with a reward-side KL variant folded in) -> advantages and returns."""
+    rewards_BT = batch.token_rewards_BT
+    metrics: dict[str, float] = {}
+    kl = get_kl_variant(cfg.algo.kl_mode)
+    if scores.ref_BT is not None and kl.reward is not None and cfg.algo.kl_coef > 0:
+        lp_BT = scores.old_BT if scores.old_BT is not None else batch.old_logprobs_BT
+        mask_BT = batch.loss_mask_BT
+        kl_BT = kl.reward(lp_BT, scores.ref_BT, mask_BT, cfg.algo)
+        rewards_BT = apply_kl_to_rewards(rewards_BT, kl_BT, mask_BT, cfg.algo.kl_coef)
+        metrics["kl_reward"] = float((kl_BT * mask_BT).sum() / mask_BT.sum().clamp(min=1))
+    acfg = AdvantageConfig(
+        estimator=cfg.algo.estimator,
+        gamma=cfg.algo.gamma,
+        lam=cfg.algo.lam,
+        norm_by_std=cfg.algo.norm_by_std,
+    )
+    inputs = AdvantageInputs(rewards_BT, adv_mask_BT, batch.group_index_B, scores.values_BT)
+    out = compute_advantages(inputs, acfg)
+    if scores.values_BT is not None:
+        # the critic's values at rollout time against the returns it is trained toward
+        ev = explained_variance(scores.values_BT, out.returns_BT, adv_mask_BT)
+        if ev is not None:
+            metrics["value_explained_var"] = ev
+    return Advantages(out.advantages_BT, out.returns_BT, metrics)
+
+
+def update_batch(
+    s: TrainState, batch: RolloutBatch, timer: Timer
+) -> tuple[UpdateBatch, Scores, dict[str, float]]:
+    """What the update takes (masks, scores, advantages), the scores, and the advantage
+    phase's metrics (``kl_reward``, ``value_explained_var``)."""
+    cfg = s.setup.cfg
+    train_mask_BT, adv_mask_BT = masks(batch, cfg)
+    scores = score_batch(s, batch, train_mask_BT, timer)
+    with timer("advantage"):
+        adv = step_advantages(cfg, batch, scores, adv_mask_BT)
+    ub = UpdateBatch(
+        input_ids_BT=batch.input_ids_BT,
+        attention_mask_BT=batch.attention_mask_BT,
+        loss_mask_BT=train_mask_BT,
+        advantages_BT=adv.advantages_BT * train_mask_BT,
+        old_logprobs_BT=scores.old_BT,
+        ref_logprobs_BT=scores.ref_BT,
+        returns_BT=adv.returns_BT if s.critic is not None else None,
+        old_values_BT=scores.values_BT,
+    )
+    return ub, scores, adv.metrics

@@ -1,0 +1,197 @@
+"""What the RL loop carries between steps, and its checkpoint: build, save, restore, free.
+
+`make_state` builds the optimizer, LR schedule, critic (gae) and frozen reference (a KL
+without LoRA; with LoRA the reference is the policy's base, adapters off) for a `Setup`.
+`checkpoint` / `restore` write and read all of it through the atomic checkpoints of
+`agentr1.trainer.checkpoint`: weights, optimizer and scheduler states, every RNG and the
+data cursor, so a resumed run continues exactly as if never killed.
+"""
+
+from __future__ import annotations
+
+import copy
+import ctypes
+import gc
+import logging
+import math
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from agentr1 import lora
+from agentr1.trainer.checkpoint import (
+    CheckpointError,
+    latest_checkpoint,
+    load_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from agentr1.trainer.critic import ValueModel
+from agentr1.trainer.run import RunDir
+from agentr1.trainer.sampling import TaskSampler
+from agentr1.trainer.setup import Setup
+from agentr1.trainer.update import Learner
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Timer:
+    """Wall time per phase of the current step, as ``time/<phase>`` metrics."""
+
+    times: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            key = f"time/{phase}"
+            self.times[key] = self.times.get(key, 0.0) + (time.perf_counter() - t0)
+
+
+@dataclass
+class TrainState:
+    """What the loop carries between steps (all of it is checkpointed)."""
+
+    setup: Setup
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    sampler: TaskSampler
+    update_rng: torch.Generator
+    critic: ValueModel | None = None
+    critic_optimizer: torch.optim.Optimizer | None = None
+    reference: Any | None = None
+    step: int = 0
+
+    @property
+    def learner(self) -> Learner:
+        """What an update changes (`agentr1.trainer.update.rl_update`)."""
+        return Learner(
+            self.setup.policy, self.optimizer, self.scheduler, self.critic, self.critic_optimizer
+        )
+
+
+def lr_schedule(warmup: int, total: int, kind: str) -> Any:
+    """The LR factor per step: linear warmup over ``warmup`` steps, then constant or a
+    cosine decay to 0 at ``total``."""
+
+    def lr_at(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        if kind == "cosine":
+            progress = min(1.0, (step - warmup) / max(1, total - warmup))
+            return 0.5 * (1 + math.cos(math.pi * progress))
+        return 1.0
+
+    return lr_at
+
+
+def make_state(setup: Setup) -> TrainState:
+    """A fresh training state for ``setup`` (step 0; `restore` may then load a checkpoint)."""
+    cfg = setup.cfg
+    policy = setup.policy
+    opt = torch.optim.AdamW(
+        lora.trainable_parameters(policy),
+        lr=cfg.optim.lr,
+        weight_decay=cfg.optim.weight_decay,
+        betas=(0.9, 0.99),
+    )
+    lr_at = lr_schedule(cfg.optim.warmup_steps, max(1, cfg.train.steps), cfg.optim.schedule)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    critic = critic_opt = None
+    if cfg.algo.estimator == "gae":
+        critic = ValueModel.from_policy(policy)
+        critic_opt = torch.optim.AdamW(critic.parameters(), lr=cfg.algo.critic_lr)
+    reference = None
+    if cfg.algo.kl_coef > 0 and not lora.lora_modules(policy):
+        reference = copy.deepcopy(policy).eval()
+        for p in reference.parameters():
+            p.requires_grad_(False)
+    return TrainState(
+        setup=setup,
+        optimizer=opt,
+        scheduler=sched,
+        sampler=TaskSampler(list(setup.task.splits["train"]), cfg.train.seed),
+        update_rng=torch.Generator().manual_seed(cfg.train.seed),
+        critic=critic,
+        critic_optimizer=critic_opt,
+        reference=reference,
+    )
+
+
+def _modules(s: TrainState) -> dict[str, torch.nn.Module]:
+    mods: dict[str, torch.nn.Module] = {"policy": s.setup.policy}
+    if s.critic is not None:
+        mods["critic"] = s.critic
+    if s.reference is not None:
+        mods["reference"] = s.reference
+    return mods
+
+
+def checkpoint(s: TrainState, run: RunDir, extra: dict[str, Any]) -> None:
+    """Write a checkpoint of the whole state; one that cannot be written (a full disk) is
+    logged as an error and counted in ``extra["summary"]["checkpoint_errors"]``, and the
+    run goes on: the previous checkpoint is intact and a later one may succeed."""
+    states: dict[str, Any] = {
+        "optimizer": s.optimizer.state_dict(),
+        "scheduler": s.scheduler.state_dict(),
+        "rng": rng_state(),
+        "update_rng": s.update_rng.get_state(),
+        "sampler": s.sampler.state(),
+    }
+    if s.critic_optimizer is not None:
+        states["critic_optimizer"] = s.critic_optimizer.state_dict()
+    try:
+        save_checkpoint(run.ckpt_dir, s.step, _modules(s), states, extra)
+    except CheckpointError as e:
+        log.error("%s", e)
+        summary = extra.get("summary")
+        if isinstance(summary, dict):
+            summary["checkpoint_errors"] = summary.get("checkpoint_errors", 0) + 1
+
+
+def restore(s: TrainState, run: RunDir) -> dict[str, Any] | None:
+    """Load the newest checkpoint of ``run`` into ``s``; its meta (None when there is none)."""
+    path = latest_checkpoint(run.ckpt_dir)
+    if path is None:
+        return None
+    states, meta = load_checkpoint(path, _modules(s))
+    s.optimizer.load_state_dict(states["optimizer"])
+    s.scheduler.load_state_dict(states["scheduler"])
+    if s.critic_optimizer is not None:
+        s.critic_optimizer.load_state_dict(states["critic_optimizer"])
+    set_rng_state(states["rng"])
+    s.update_rng.set_state(states["update_rng"])
+    s.sampler.load(states["sampler"])
+    s.step = int(meta["step"])
+    log.info("resumed from %s (step %d)", path, s.step)
+    return meta
+
+
+def trim_heap() -> None:
+    """Return freed heap pages to the OS (glibc ``malloc_trim``; a no-op elsewhere): CPU
+    tensors freed by Python stay in the process's RSS until then."""
+    with suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def release_training_state(s: TrainState) -> None:
+    """Free what only training needs (optimizer moments, critic, reference) once the last
+    checkpoint is written, and hand the freed heap back to the OS, so that the final
+    evaluation's generation buffers reuse the training state's memory instead of adding
+    to it (the peak RSS of a run is then the larger of the two, not their sum)."""
+    s.optimizer.state.clear()
+    s.critic = s.critic_optimizer = s.reference = None
+    for p in s.setup.policy.parameters():
+        p.grad = None
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    trim_heap()
