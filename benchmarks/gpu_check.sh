@@ -42,7 +42,7 @@ transformers.__version__, 'cuda', torch.cuda.is_available())"
 
 part gpu_tests $PY -m pytest -p no:cacheprovider -q -m gpu --timeout 300 tests
 part device_tests $PY -m pytest -p no:cacheprovider -q --timeout 300 \
-    tests/test_device.py tests/test_hf_backend.py tests/test_mixed_precision.py
+    tests/unit/test_device.py tests/integration/test_hf_backend.py tests/integration/test_mixed_precision.py
 for est in grpo gae; do
     part "world_$est" $PY -m agentr1.cli train recipes/demo.yaml model.device=cuda \
         algo.estimator=$est sft.steps=200 train.steps=6 train.checkpoint_every=3 \

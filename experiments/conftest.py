@@ -2,7 +2,7 @@
 collect this folder).
 
 Two folders go on ``sys.path``: the repository root, so a study's tests reuse the
-product's test helpers (``from tests.test_qa_env import tiny_qa_recipe``; ``tests`` is a
+product's test helpers (``from tests.integration.test_qa_env import tiny_qa_recipe``; ``tests`` is a
 package), and each study's folder, so its tests import its scripts by bare name
 (``import fresh_eval``) the way the scripts import each other when run as
 ``python experiments/<study>/<script>.py``.

@@ -60,7 +60,7 @@ its engine's generate call with ``SamplingParams`` mapped one-to-one (``logprobs
 get the sampled token's log-prob, ``stop_token_ids``, ``stop``, ``include_stop_str_in_output``,
 and no implicit EOS, e.g. vLLM's ``ignore_eos=True``), imports the engine lazily, and is
 checked against this module with the log-prob recomputation test in
-``tests/test_hf_backend.py``. Engines that report log-probs of the raw (untempered)
+``tests/integration/test_hf_backend.py``. Engines that report log-probs of the raw (untempered)
 distribution need a correction before their numbers can be PPO's old log-probs.
 """
 

@@ -18,7 +18,7 @@ from agentr1.data import normalize_question
 from agentr1.tasks import task_config
 from agentr1.tasks.multihop_qa import QATaskConfig as QAConfig
 from agentr1.tasks.multihop_qa import load_qa_data
-from tests.test_qa_env import ircot_record, tiny_qa_recipe, write_jsonl
+from tests.integration.test_qa_env import ircot_record, tiny_qa_recipe, write_jsonl
 
 check_draws, fresh_tasks, outside_tasks, untrained_tasks = (
     fresh_eval.check_draws,

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import temperature_probe
 
-from tests.test_qa_env import tiny_qa_recipe
+from tests.integration.test_qa_env import tiny_qa_recipe
 
 
 def episode(reward: float, em: float, searches: int, answer: str | None) -> SimpleNamespace:

@@ -16,8 +16,8 @@ from agentr1.rollout import RolloutConfig, run_rollout
 from agentr1.tools.mcp import mcp_tools
 from agentr1.tools.registry import resolve_tools
 from agentr1.types import StopReason, Task
+from tests.fakes import byte_chat
 
-from .fakes import byte_chat
 from .test_rollout import call, scripted
 
 SERVER = '''

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from .benchmark_scripts import benchmark
-from .test_qa_env import tiny_qa_recipe
+from tests.benchmark_scripts import benchmark
+from tests.integration.test_qa_env import tiny_qa_recipe
 
 kept_cache = benchmark("kept_cache")
 
@@ -17,7 +17,7 @@ def test_the_script_compares_both_settings_on_the_same_rollout(
 ) -> None:
     """On the tiny model (whose episodes end after one turn: it never calls the tool) the
     settings must sample the same tokens and the re-prefill one must keep nothing; the
-    kept path itself is checked in tests/test_hf_backend.py."""
+    kept path itself is checked in tests/integration/test_hf_backend.py."""
     model, recipe = tiny_qa_recipe(tmp_path, 6, tokens_per_turn=5)
     argv = ["--model", str(model), "--recipe", str(recipe), "--questions", "2"]
     runs = kept_cache.main([*argv, "--samples", "2", "--repeats", "1", "--temperature", "0"])

@@ -13,7 +13,7 @@ from agentr1.data import resolve_entry
 from agentr1.tasks import task_config
 from agentr1.tasks.multihop_qa import data_root
 
-RECIPES = sorted((Path(__file__).resolve().parents[1] / "recipes").glob("*.yaml"))
+RECIPES = sorted((Path(__file__).resolve().parents[2] / "recipes").glob("*.yaml"))
 
 
 def recipe(name: str) -> Config:

@@ -43,7 +43,7 @@ from agentr1.retrieval.server import (
 from agentr1.tools import SearchTool
 from agentr1.types import Task
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 CORPUS = [
     Passage("velmora", "Velmora", "Velmora is a port city founded by the river guild."),

@@ -14,9 +14,13 @@ from agentr1.retrieval.base import Passage
 from agentr1.rollout import RolloutConfig
 from agentr1.tasks.multihop_qa.baselines import base_tool_call, naive_rag
 from agentr1.types import Task
-
-from .fakes import byte_chat
-from .test_qa_env import FakeRetriever, ircot_record, save_tiny_chatml_model, write_jsonl
+from tests.fakes import byte_chat
+from tests.integration.test_qa_env import (
+    FakeRetriever,
+    ircot_record,
+    save_tiny_chatml_model,
+    write_jsonl,
+)
 
 
 @pytest.fixture(scope="module")

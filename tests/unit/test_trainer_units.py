@@ -16,8 +16,7 @@ from agentr1.trainer.critic import ValueModel
 from agentr1.trainer.logprobs import token_logprobs
 from agentr1.trainer.update import Learner, UpdateBatch, rl_update
 from agentr1.types import Trajectory
-
-from .tiny_models import tiny_llama
+from tests.tiny_models import tiny_llama
 
 
 def batch(B: int = 4, T: int = 12, V: int = 64, seed: int = 0):

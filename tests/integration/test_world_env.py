@@ -8,8 +8,7 @@ import pytest
 from agentr1.rollout import RolloutConfig, run_rollout
 from agentr1.tasks.world import World, oracle_generator, tokenizer_corpus, world_env
 from agentr1.types import StopReason
-
-from .fakes import byte_chat
+from tests.fakes import byte_chat
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import pytest
 from agentr1.config import Config, load_config
 from agentr1.configutil import ConfigError, to_dict
 
-RECIPES = Path(__file__).resolve().parent.parent / "recipes"
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 
 
 def test_demo_recipe_equals_embedded_defaults() -> None:

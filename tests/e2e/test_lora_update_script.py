@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from .benchmark_scripts import benchmark
-from .test_qa_env import tiny_qa_recipe
+from tests.benchmark_scripts import benchmark
+from tests.integration.test_qa_env import tiny_qa_recipe
 
 lora_update = benchmark("lora_update")
 

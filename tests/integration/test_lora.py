@@ -16,9 +16,8 @@ from agentr1 import lora
 from agentr1.config import load_config
 from agentr1.configutil import ConfigError
 from agentr1.trainer.loop import train
-
-from .test_train_loop import SMALL, rl_records
-from .tiny_models import tiny_llama
+from tests.e2e.test_train_loop import SMALL, rl_records
+from tests.tiny_models import tiny_llama
 
 IDS = torch.tensor([[5, 9, 13, 7, 21, 30, 2], [4, 8, 15, 16, 23, 42, 11]])
 

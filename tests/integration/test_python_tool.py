@@ -14,8 +14,8 @@ from agentr1.envs.base import ToolEnv
 from agentr1.rollout import RolloutConfig, run_rollout
 from agentr1.tools.python import PythonTool
 from agentr1.types import StopReason, Task, ToolResult
+from tests.fakes import byte_chat
 
-from .fakes import byte_chat
 from .test_rollout import call, scripted
 
 TOOL = PythonTool(timeout_s=30.0, cpu_s=1.0, memory_mb=256, max_output_chars=2000)

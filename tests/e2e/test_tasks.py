@@ -21,7 +21,7 @@ from agentr1.tasks import TASKS, TaskContext, register_task, resolve_task
 from agentr1.tools.registry import TOOLS, resolve_tools
 from agentr1.trainer.run import summary_table
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 UNITS_TASK = '''
 """A user's task, in a file outside the agentr1 package."""
@@ -305,8 +305,7 @@ def test_the_default_system_prompt_is_built_from_the_tools() -> None:
 def test_the_chat_format_knows_whether_its_template_renders_tools() -> None:
     from agentr1.rollout.chat import ChatFormat
     from agentr1.templates import CHATML_TOOLS_MINIMAL, QWEN25_TOOLS
-
-    from .fakes import ByteTokenizer
+    from tests.fakes import ByteTokenizer
 
     def fmt(template: str) -> ChatFormat:
         from agentr1.templates import render_template

@@ -19,8 +19,7 @@ from agentr1.templates import QWEN25_TOOLS, render_template
 from agentr1.tools import tool
 from agentr1.tools.calculator import calculator
 from agentr1.types import StopReason, Task, ToolResult
-
-from .fakes import ByteTokenizer, byte_chat
+from tests.fakes import ByteTokenizer, byte_chat
 
 EOT = 257
 

@@ -13,7 +13,7 @@ import pytest
 
 from agentr1.cli import main as cli
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 TINY = [
     "model.tiny.hidden_size=32",

@@ -13,7 +13,7 @@ import torch
 from agentr1.config import load_config
 from agentr1.trainer.loop import train
 from agentr1.trainer.setup import build_setup, train_autocast
-from tests.test_train_loop import SMALL, rl_records
+from tests.e2e.test_train_loop import SMALL, rl_records
 
 BF16 = ["model.compute_dtype=bfloat16", "model.sampler_dtype=bfloat16"]
 

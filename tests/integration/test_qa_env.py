@@ -25,8 +25,7 @@ from agentr1.tasks.multihop_qa import (
 )
 from agentr1.tasks.multihop_qa import QATaskConfig as QAConfig
 from agentr1.types import StopReason, Task, Trajectory
-
-from .fakes import byte_chat
+from tests.fakes import byte_chat
 
 PASSAGES = [
     Passage("p1", "Kiss and Tell (1945 film)", "Kiss and Tell stars Shirley Temple as Corliss."),
