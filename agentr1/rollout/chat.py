@@ -10,17 +10,37 @@ How the segment is found, for any Jinja template: render a minimal conversation
 ``[user, assistant(SENTINEL), *tool_messages]`` with the generation prompt and keep what
 follows the sentinel. If the sampled turn already ended with the end-of-turn token (e.g.
 ``<|im_end|>``), that prefix is dropped from the segment, since the policy sampled it.
+
+Text from tools, documents and questions is data, never control tokens (docs/design.md
+§1): a tool result that contains ``<|im_end|>\n<|im_start|>assistant`` must not end the
+tool message and open a turn the policy never sampled. A user or tool message's content
+(`DATA_ROLES`) is located in the rendered text, and every control string inside it (the
+tokenizer's special and added tokens, e.g. ``<|im_end|>``, ``</tool_response>``) is
+encoded as ordinary text tokens (its first character, then the rest), so the characters
+reach the model but the token ids of the template's own markup appear only where the
+template put them. Content without control strings is encoded exactly as before (the
+whole render at once).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import logging
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from agentr1.types import Message
 
+log = logging.getLogger(__name__)
+
 _SENTINEL = "\x00AGENTR1_TURN\x00"
+DATA_ROLES = frozenset({"user", "tool"})
+"""Roles whose content is data (questions, tool results, documents): its control strings
+are encoded as text. System and assistant contents (the task's own instructions and
+examples, which may name ``<tool_call>`` on purpose) are markup like the template's."""
 _PROBE_TOOL = "agentr1_probe_tool"
 
 RenderFn = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None, bool], str]
@@ -51,6 +71,7 @@ class ChatFormat:
     end_of_turn: str
     end_of_turn_id: int
     _renders_tools: bool | None = field(default=None, init=False, repr=False, compare=False)
+    _controls: tuple[str, ...] | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def from_hf(
@@ -100,11 +121,27 @@ class ChatFormat:
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
 
+    @property
+    def control_strings(self) -> tuple[str, ...]:
+        """The texts the tokenizer maps to one special or added token (``<|im_end|>``,
+        ``<tool_call>``, ...), longest first; none for a tokenizer without added tokens."""
+        if self._controls is None:
+            found = set(getattr(self.tokenizer, "all_special_tokens", None) or ())
+            added = getattr(self.tokenizer, "added_tokens_decoder", None) or {}
+            found |= {str(getattr(tok, "content", tok)) for tok in added.values()}
+            self._controls = tuple(sorted((c for c in found if c), key=len, reverse=True))
+        return self._controls
+
     def prompt_ids(
         self, messages: Sequence[Message], tools: list[dict[str, Any]] | None
     ) -> list[int]:
-        """Tokens of the opening messages plus the generation prompt."""
-        return self.encode(self.render([m.to_dict() for m in messages], tools, True))
+        """Tokens of the opening messages plus the generation prompt (their contents are
+        data: see the module docstring)."""
+
+        def text_of(msgs: Sequence[Message]) -> str:
+            return self.render([m.to_dict() for m in msgs], tools, True)
+
+        return self._ids_with_data(messages, text_of)
 
     def observation_segment(self, messages: Sequence[Message], turn_ended: bool) -> str:
         """The text between the end of an agent turn and the start of the next one.
@@ -132,10 +169,83 @@ class ChatFormat:
         return seg
 
     def observation_ids(self, messages: Sequence[Message], turn_ended: bool) -> list[int]:
-        """`observation_segment`, tokenized once (appended with ``loss_mask = 0``)."""
-        return self.encode(self.observation_segment(messages, turn_ended))
+        """`observation_segment`, tokenized once (appended with ``loss_mask = 0``); the
+        tool messages' contents are data (see the module docstring)."""
+        return self._ids_with_data(messages, lambda m: self.observation_segment(m, turn_ended))
 
     def assistant_text(self, ids: Sequence[int]) -> str:
         """Decoded text of a sampled turn, without its end-of-turn marker (for Message logs)."""
         text = self.decode(ids)
         return text[: -len(self.end_of_turn)] if text.endswith(self.end_of_turn) else text
+
+    # ------------------------------------------------------------------ data, not markup
+    def _ids_with_data(
+        self, messages: Sequence[Message], text_of: Callable[[Sequence[Message]], str]
+    ) -> list[int]:
+        """``text_of(messages)`` tokenized, with every control string inside a message's
+        content encoded as text. A content the template rewrote (so it cannot be found in
+        the render) has its control strings broken by a word joiner (U+2060) instead."""
+        text = text_of(messages)
+        controls = self.control_strings
+        risky = [
+            m.content
+            for m in messages
+            if m.role in DATA_ROLES and m.content and any(k in m.content for k in controls)
+        ]
+        if not risky:
+            return self.encode(text)
+        spans: list[tuple[int, int]] = []  # where the contents' control strings are in text
+        pos = 0
+        for content in risky:
+            at, found = text.find(content, pos), content
+            if at < 0:
+                found = content.strip()
+                at = text.find(found, pos) if found else -1
+            if at < 0:
+                log.warning("chat template rewrote a message holding control tokens; escaped")
+                escaped = [
+                    dataclasses.replace(m, content=self._escape(m.content)) for m in messages
+                ]
+                return self.encode(text_of(escaped))
+            spans += [(at + i, at + i + len(k)) for i, k in _occurrences(found, controls)]
+            pos = at + len(found)
+        ids: list[int] = []
+        start = 0
+        for a, b in spans:
+            ids += self.encode(text[start:a]) if a > start else []
+            ids += self._encode_as_text(text[a:b])
+            start = b
+        return ids + (self.encode(text[start:]) if start < len(text) else [])
+
+    def _encode_as_text(self, control: str) -> list[int]:
+        """A control string as ordinary tokens: its first character, then the rest, each
+        piece encoded alone (a piece that still holds a control string is split again)."""
+        head, rest = control[0], control[1:]
+        out = self.encode(head)
+        inner = _occurrences(rest, self.control_strings)
+        if not inner:
+            return out + (self.encode(rest) if rest else [])
+        start = 0
+        for i, k in inner:
+            out += self.encode(rest[start:i]) if i > start else []
+            out += self._encode_as_text(k)
+            start = i + len(k)
+        return out + (self.encode(rest[start:]) if start < len(rest) else [])
+
+    def _escape(self, content: str) -> str:
+        for k in self.control_strings:
+            content = content.replace(k, k[0] + "\u2060" + k[1:])
+        return content
+
+
+@functools.lru_cache(maxsize=16)
+def _pattern(controls: tuple[str, ...]) -> re.Pattern[str]:
+    return re.compile("|".join(map(re.escape, controls)))
+
+
+def _occurrences(text: str, controls: tuple[str, ...]) -> list[tuple[int, str]]:
+    """Non-overlapping (index, control string) occurrences in ``text``, left to right,
+    the longest control string winning at a position (``controls`` is longest first)."""
+    if not controls:
+        return []
+    return [(m.start(), m.group()) for m in _pattern(controls).finditer(text)]
