@@ -247,7 +247,13 @@ class TrainConfig:
     run_dir: str = "runs/demo"
     """Where config, metrics, trajectories, checkpoints, plots and the report go."""
     checkpoint_every: int = 20
-    """Steps between atomic checkpoints (0 = only at the end)."""
+    """Steps between atomic checkpoints (0 = none between the one after the warm start
+    and the one at the end)."""
+    keep_checkpoints: int = 2
+    """Newest checkpoints kept on disk (>= 1); older ones are deleted once a newer one is
+    complete. Each holds the policy, its AdamW state and the reference (with a KL and no
+    LoRA): about 5x the policy's weights in fp32. The summary's ``checkpoint_bytes`` says
+    what the last one took."""
     eval_every: int = 0
     """Steps between evaluations (0 = only before and after)."""
     keep_best: bool = False
@@ -337,6 +343,10 @@ class Config:
             errors.append("algo.kl_coef and algo.entropy_coef must be >= 0")
         if a.k3_linear_above is not None and not a.k3_linear_above > 0:
             errors.append(f"algo.k3_linear_above={a.k3_linear_above} must be > 0 or null")
+        if t.keep_checkpoints < 1:
+            errors.append(
+                f"train.keep_checkpoints={t.keep_checkpoints}: must be >= 1 (resume needs one)"
+            )
         if not 0 < o.lr <= 1:  # also refuses NaN, which every comparison fails
             errors.append(f"optim.lr={o.lr}: must be in (0, 1]; larger steps destroy the model")
         if not o.grad_clip > 0:

@@ -2,7 +2,7 @@
 
 runs/<name>/
   config.yaml          the resolved config
-  metrics.jsonl        one JSON object per SFT phase / RL step / evaluation
+  metrics.jsonl        one JSON object per SFT phase / RL step / evaluation, with its wall_time
   trajectories.jsonl   sampled episodes with decoded text, tool calls, rewards, masks
   rollouts.jsonl       every training episode in one line: question, answer, rewards, advantage
   checkpoints/         atomic checkpoints (step_XXXXXX/)
@@ -17,6 +17,7 @@ import logging
 import math
 import shutil
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -104,8 +105,10 @@ class RunDir:
         self.ckpt_dir = self.dir / "checkpoints"
 
     def log_metrics(self, record: dict[str, Any]) -> None:
+        """Append one row to ``metrics.jsonl``, stamped with ``wall_time`` (Unix seconds)."""
+        row = {**record, "wall_time": round(time.time(), 3)}
         with open(self.dir / "metrics.jsonl", "a", encoding="utf-8") as f:
-            f.write(json.dumps(record, default=float) + "\n")
+            f.write(json.dumps(row, default=float) + "\n")
 
     def log_trajectories(
         self, step: int, trajs: Sequence[Trajectory], decode: Callable[[Sequence[int]], str]

@@ -136,9 +136,10 @@ def _modules(s: TrainState) -> dict[str, torch.nn.Module]:
 
 
 def checkpoint(s: TrainState, run: RunDir, extra: dict[str, Any]) -> None:
-    """Write a checkpoint of the whole state; one that cannot be written (a full disk) is
-    logged as an error and counted in ``extra["summary"]["checkpoint_errors"]``, and the
-    run goes on: the previous checkpoint is intact and a later one may succeed."""
+    """Write a checkpoint of the whole state (the newest ``train.keep_checkpoints`` stay;
+    its size goes to ``extra["summary"]["checkpoint_bytes"]``); one that cannot be written
+    (a full disk) is logged as an error and counted in ``checkpoint_errors``, and the run
+    goes on: the previous checkpoint is intact and a later one may succeed."""
     states: dict[str, Any] = {
         "optimizer": s.optimizer.state_dict(),
         "scheduler": s.scheduler.state_dict(),
@@ -148,13 +149,17 @@ def checkpoint(s: TrainState, run: RunDir, extra: dict[str, Any]) -> None:
     }
     if s.critic_optimizer is not None:
         states["critic_optimizer"] = s.critic_optimizer.state_dict()
+    summary = extra.get("summary")
+    keep = s.setup.cfg.train.keep_checkpoints
     try:
-        save_checkpoint(run.ckpt_dir, s.step, _modules(s), states, extra)
+        path = save_checkpoint(run.ckpt_dir, s.step, _modules(s), states, extra, keep=keep)
     except CheckpointError as e:
         log.error("%s", e)
-        summary = extra.get("summary")
         if isinstance(summary, dict):
             summary["checkpoint_errors"] = summary.get("checkpoint_errors", 0) + 1
+        return
+    if isinstance(summary, dict):
+        summary["checkpoint_bytes"] = sum(f.stat().st_size for f in path.iterdir())
 
 
 def restore(s: TrainState, run: RunDir) -> dict[str, Any] | None:

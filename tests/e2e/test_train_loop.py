@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from agentr1.config import load_config
+from agentr1.configutil import ConfigError
 from agentr1.trainer.loop import train
 from agentr1.trainer.run import metric_records
 
@@ -41,7 +42,11 @@ def _cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyP
 
 def rl_records(run_dir: Path) -> list[dict]:
     return [
-        {k: v for k, v in r.items() if not k.startswith("time/") and k != "gen_tokens_per_s"}
+        {
+            k: v
+            for k, v in r.items()
+            if not k.startswith("time/") and k not in ("gen_tokens_per_s", "wall_time")
+        }
         for r in metric_records(run_dir, "rl")
     ]
 
@@ -188,6 +193,37 @@ def test_a_checkpoint_that_fails_mid_run_does_not_end_the_run(
     assert "checkpoint step 2 could not be written" in caplog.text
     assert latest_checkpoint(tmp_path / "checkpoints").name == "step_000003"
     assert (tmp_path / "final_model" / "config.json").exists()
+
+
+def test_checkpoints_kept_their_size_and_every_row_stamped(tmp_path: Path) -> None:
+    """``train.keep_checkpoints`` bounds the disk a run takes; the summary says what the
+    last checkpoint took; every metrics row carries its wall-clock time."""
+    from agentr1.trainer.checkpoint import latest_checkpoint
+
+    cfg = load_config(
+        None,
+        [
+            *SMALL,
+            "train.steps=3",
+            "train.checkpoint_every=1",
+            "train.keep_checkpoints=1",
+            f"train.run_dir={tmp_path}",
+        ],
+    )
+    summary = train(cfg)
+    kept = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert kept == ["step_000003"]
+    last = latest_checkpoint(tmp_path / "checkpoints")
+    assert last is not None
+    size = sum(f.stat().st_size for f in last.iterdir())
+    tensors = sum(f.stat().st_size for f in last.iterdir() if f.name != "meta.json")
+    # as written; meta.json gains the final summary afterwards
+    assert tensors < summary["checkpoint_bytes"] <= size
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").open()]
+    stamps = [r["wall_time"] for r in rows]
+    assert len(rows) >= 5 and stamps == sorted(stamps) and stamps[0] > 1.7e9
+    with pytest.raises(ConfigError, match=r"train\.keep_checkpoints=0"):
+        load_config(None, ["train.keep_checkpoints=0"])
 
 
 def test_a_final_model_that_cannot_be_written_names_the_checkpoint_to_resume_from(
