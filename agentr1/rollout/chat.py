@@ -204,11 +204,19 @@ class ChatFormat:
             if at < 0:
                 log.warning("chat template rewrote a message holding control tokens; escaped")
                 escaped = [
-                    dataclasses.replace(m, content=self._escape(m.content)) for m in messages
+                    dataclasses.replace(m, content=self._escape(m.content))
+                    if m.role in DATA_ROLES
+                    else m
+                    for m in messages
                 ]
                 return self.encode(text_of(escaped))
             spans += [(at + i, at + i + len(k)) for i, k in _occurrences(found, controls)]
             pos = at + len(found)
+        return self._encode_around(text, spans)
+
+    def _encode_around(self, text: str, spans: Sequence[tuple[int, int]]) -> list[int]:
+        """``text`` tokenized piece by piece: each (start, end) span, in order and not
+        overlapping, as text (`_encode_as_text`), the rest between them as usual."""
         ids: list[int] = []
         start = 0
         for a, b in spans:
@@ -220,17 +228,9 @@ class ChatFormat:
     def _encode_as_text(self, control: str) -> list[int]:
         """A control string as ordinary tokens: its first character, then the rest, each
         piece encoded alone (a piece that still holds a control string is split again)."""
-        head, rest = control[0], control[1:]
-        out = self.encode(head)
-        inner = _occurrences(rest, self.control_strings)
-        if not inner:
-            return out + (self.encode(rest) if rest else [])
-        start = 0
-        for i, k in inner:
-            out += self.encode(rest[start:i]) if i > start else []
-            out += self._encode_as_text(k)
-            start = i + len(k)
-        return out + (self.encode(rest[start:]) if start < len(rest) else [])
+        rest = control[1:]
+        inner = [(i, i + len(k)) for i, k in _occurrences(rest, self.control_strings)]
+        return self.encode(control[0]) + self._encode_around(rest, inner)
 
     def _escape(self, content: str) -> str:
         for k in self.control_strings:
