@@ -1,4 +1,4 @@
-"""An HTTP retrieval server: any `Retriever` behind ``POST /retrieve`` and ``GET /health``.
+r"""An HTTP retrieval server: any `Retriever` behind ``POST /retrieve`` and ``GET /health``.
 
 Run it with ``agentr1 serve retriever --corpus passages.jsonl --kind bm25`` or `serve`; query
 it with `agentr1.retrieval.client.RemoteRetriever`. It binds 127.0.0.1 unless told otherwise:
@@ -15,13 +15,28 @@ API::
         500 {"error": "retriever_error", "message": "ValueError: ..."}  the server keeps serving
     GET /health     {"status": "ok", "kind": "bm25", "corpus_size": 5000, "limits": {...}}
 
+Search-R1's wire format, which Search-R1 and Agent-R1 clients send, is served on the same
+path (as in ``search_r1/search/retrieval_server.py`` of PeterGriffinJin/Search-R1); a body
+with ``topk`` or ``return_scores`` is one::
+
+    POST /retrieve  {"queries": ["who wrote ...", ...], "topk": 3, "return_scores": true}
+        200 {"result": [[{"document": {"id": "...", "contents": "\"Title\"\ntext"},
+                          "score": 0.71}, ...], ...]}
+    POST /retrieve  {"queries": [...], "topk": 3}             (return_scores false, the default)
+        200 {"result": [[{"id": "...", "contents": "\"Title\"\ntext"}, ...], ...]}
+
+``contents`` is their corpora's: the title in double quotes on the first line, then the text.
+``score`` is null when the retriever reports none. ``topk`` defaults to 3 and has the limits
+of ``top_k``; a body with both ``top_k`` and ``topk`` (or ``return_scores``) is a 422 naming
+both.
+
 Bad input of any shape (malformed JSON, wrong types, empty or blank queries, too many or
 too long queries, top_k out of range, unknown fields) gets a 4xx whose message names the
 field and the limit; a 5xx means the retriever itself failed.
 
 fastapi and uvicorn are imported lazily (``pip install agentr1[serve]``). This module has no
 ``from __future__ import annotations``: FastAPI reads the endpoint's annotations at runtime,
-and the request model is a class local to `create_app`.
+and the request models are classes local to `create_app`.
 """
 
 import contextlib
@@ -82,25 +97,72 @@ def retriever_kind(retriever: Retriever) -> str:
     return type(retriever).__name__.removesuffix("Retriever").lower() or "unknown"
 
 
-def _search(retriever: Retriever, queries: list[str], k: int) -> list[list[dict[str, Any]]]:
-    """JSON-ready hits per query, with scores when the retriever offers them."""
+Hits = list[list[tuple[Passage, float | None]]]
+"""Per query, ``(passage, score)`` best first; score None when the retriever reports none."""
+
+SEARCH_R1_FIELDS = ("topk", "return_scores")
+"""Fields only Search-R1's request has: a body with one of them is answered in its shape."""
+
+
+def _search(retriever: Retriever, queries: list[str], k: int) -> Hits:
+    """Hits per query, with scores when the retriever offers them."""
     scored = getattr(retriever, "search_batch_scored", None)
     if callable(scored):
-        hits: list[list[tuple[Passage, float | None]]] = scored(queries, k)
+        hits: Hits = scored(queries, k)
     else:
         hits = [[(p, None) for p in ps] for ps in retriever.search_batch(queries, k)]
     if len(hits) != len(queries):
         raise RuntimeError(
             f"retriever returned {len(hits)} result lists for {len(queries)} queries"
         )
-    return [
-        [
-            {"id": p.id, "title": p.title, "text": p.text}
-            | ({"score": float(s)} if s is not None else {})
-            for p, s in row
+    return hits
+
+
+def _agentr1_response(hits: Hits) -> dict[str, Any]:
+    """``{"results": [[{id, title, text, score?}, ...], ...]}``."""
+    return {
+        "results": [
+            [
+                {"id": p.id, "title": p.title, "text": p.text}
+                | ({"score": float(s)} if s is not None else {})
+                for p, s in row
+            ]
+            for row in hits
         ]
-        for row in hits
-    ]
+    }
+
+
+def search_r1_contents(passage: Passage) -> str:
+    """Search-R1's ``contents``: the title in double quotes on the first line, then the text.
+
+    Their clients read the first line as the title and the rest as the text, so a newline in
+    a title becomes a space.
+
+    >>> search_r1_contents(Passage("7", "Velmora", "A port city."))
+    '"Velmora"\\nA port city.'
+    """
+    title = passage.title.replace("\r", " ").replace("\n", " ")
+    return f'"{title}"\n{passage.text}'
+
+
+def _search_r1_response(hits: Hits, return_scores: bool) -> dict[str, Any]:
+    """``{"result": [...]}`` as Search-R1's server answers: per query a list of documents
+    ``{id, contents}``, each wrapped as ``{"document": ..., "score": ...}`` with
+    ``return_scores``."""
+    result: list[list[dict[str, Any]]] = []
+    for row in hits:
+        docs = [({"id": p.id, "contents": search_r1_contents(p)}, s) for p, s in row]
+        if return_scores:
+            result.append(
+                [{"document": d, "score": float(s) if s is not None else None} for d, s in docs]
+            )
+        else:
+            result.append([d for d, _ in docs])
+    return {"result": result}
+
+
+AGENTR1_FIELDS = "'queries' and 'top_k'"
+SEARCH_R1_ALL_FIELDS = "'queries', 'topk' and 'return_scores'"
 
 
 def _field(loc: tuple[Any, ...]) -> str:
@@ -115,14 +177,22 @@ def _field(loc: tuple[Any, ...]) -> str:
 
 
 def _describe(err: dict[str, Any], limits: ServerLimits) -> dict[str, str]:
-    """One pydantic error as ``{"field", "message"}``, worded for a person."""
+    """One pydantic error as ``{"field", "message"}``, worded for a person (``err["fields"]``,
+    when there, names the request shape's fields for an unknown one)."""
     field = _field(tuple(err.get("loc", ())))
     kind, ctx, got = err.get("type", ""), err.get("ctx") or {}, err.get("input")
     got_type = type(got).__name__ if got is not None else "null"
     if kind == "missing":
         msg = "required field missing"
     elif kind == "extra_forbidden":
-        msg = "unknown field; expected only 'queries' and 'top_k'"
+        msg = f"unknown field; expected only {err.get('fields', AGENTR1_FIELDS)}"
+    elif kind == "mixed_shapes" and field == "top_k":
+        msg = (
+            f"agentr1's field, in one request with Search-R1's {ctx.get('theirs')}: send "
+            '{"queries", "top_k"} or {"queries", "topk", "return_scores"}'
+        )
+    elif kind == "mixed_shapes":
+        msg = "Search-R1's field, in one request with agentr1's top_k"
     elif kind == "too_short" and field == "queries":
         msg = "must hold at least 1 query"
     elif kind == "too_long" and field == "queries":
@@ -136,6 +206,8 @@ def _describe(err: dict[str, Any], limits: ServerLimits) -> dict[str, str]:
         msg = f"must be <= {ctx.get('le')}, got {got!r}"
     elif kind == "int_type":
         msg = f"must be an integer, got {got_type}"
+    elif kind == "bool_type":
+        msg = f"must be true or false, got {got_type}"
     elif kind == "string_type":
         msg = f"must be a string, got {got_type}"
     elif kind == "list_type":
@@ -168,10 +240,10 @@ def create_app(
         thread_safe: whether searches may run concurrently; None: the retriever's
             ``thread_safe`` attribute, default False (one search at a time, under a lock).
     """
-    from fastapi import FastAPI, Request
+    from fastapi import Body, FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
-    from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+    from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
     from starlette.exceptions import HTTPException
 
     limits = ServerLimits(max_batch, max_query_chars, max_top_k)
@@ -201,6 +273,40 @@ def create_app(
         model_config = ConfigDict(extra="forbid", strict=True)
         queries: list[Query] = Field(min_length=1, max_length=limits.max_batch)
         top_k: int = Field(default=3, ge=1, le=limits.max_top_k)
+
+    class SearchR1Request(BaseModel):
+        """Search-R1's body of ``POST /retrieve``, as strict as `RetrieveRequest`."""
+
+        model_config = ConfigDict(extra="forbid", strict=True)
+        queries: list[Query] = Field(min_length=1, max_length=limits.max_batch)
+        topk: int = Field(default=3, ge=1, le=limits.max_top_k)
+        return_scores: bool = False
+
+    def parse(body: Any) -> RetrieveRequest | SearchR1Request:
+        """The request in the shape its fields show (see the module docstring).
+
+        Raises:
+            RequestValidationError: the body fits neither shape, or mixes them.
+        """
+        model: type[RetrieveRequest] | type[SearchR1Request] = RetrieveRequest
+        if isinstance(body, dict):
+            theirs = [f for f in SEARCH_R1_FIELDS if f in body]
+            if theirs and "top_k" in body:
+                ctx = {"theirs": " and ".join(theirs)}
+                raise RequestValidationError(
+                    [
+                        {"type": "mixed_shapes", "loc": ("body", f), "ctx": ctx}
+                        for f in ["top_k", *theirs]
+                    ]
+                )
+            if theirs:
+                model = SearchR1Request
+        try:
+            return model.model_validate(body)
+        except ValidationError as e:
+            fields = AGENTR1_FIELDS if model is RetrieveRequest else SEARCH_R1_ALL_FIELDS
+            errors = [{**err, "loc": ("body", *err["loc"]), "fields": fields} for err in e.errors()]
+            raise RequestValidationError(errors) from None
 
     app = FastAPI(title="agentr1 retriever", version="1")
     app.state.limits = limits
@@ -237,18 +343,22 @@ def create_app(
         return health
 
     @app.post("/retrieve")
-    def _retrieve(req: RetrieveRequest) -> Any:
+    def _retrieve(body: Annotated[Any, Body()]) -> Any:
         # A plain ``def``: FastAPI runs it in its thread pool, off the event loop.
+        req = parse(body)
+        k = req.top_k if isinstance(req, RetrieveRequest) else req.topk
         try:
             with guard:
-                results = _search(retriever, req.queries, req.top_k)
+                hits = _search(retriever, req.queries, k)
         except Exception as e:  # the retriever failed; say so and keep serving
             log.exception("retriever failed on %d queries", len(req.queries))
             return JSONResponse(
                 status_code=500,
                 content={"error": "retriever_error", "message": f"{type(e).__name__}: {e}"[:500]},
             )
-        return {"results": results}
+        if isinstance(req, SearchR1Request):
+            return _search_r1_response(hits, req.return_scores)
+        return _agentr1_response(hits)
 
     app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
     return app

@@ -39,6 +39,7 @@ from agentr1.retrieval.server import (
     create_app,
     load_corpus_jsonl,
     retriever_kind,
+    search_r1_contents,
 )
 from agentr1.tools import SearchTool
 from agentr1.types import Task
@@ -75,6 +76,13 @@ class FlakyRetriever:
         return self.inner.search_batch(queries, k)
 
 
+class Scored(FlakyRetriever):
+    """Scores 1, 1/2, 1/3, ... down the corpus, whatever the query."""
+
+    def search_batch_scored(self, queries: list[str], k: int) -> list[list[tuple[Passage, float]]]:
+        return [[(p, 1.0 / (i + 1)) for i, p in enumerate(CORPUS[:k])] for _ in queries]
+
+
 class ConcurrencyProbe(FlakyRetriever):
     """Records the most searches that ever ran at once."""
 
@@ -103,6 +111,13 @@ def bm25() -> BM25Retriever:
 @pytest.fixture(scope="module")
 def client(bm25: BM25Retriever) -> TestClient:
     return TestClient(create_app(bm25, max_batch=4, max_query_chars=50, max_top_k=5))
+
+
+@pytest.fixture(scope="module")
+def small_server(bm25: BM25Retriever) -> Iterator[BackgroundServer]:
+    """A real server with the `client` fixture's small limits."""
+    with BackgroundServer(create_app(bm25, max_batch=4, max_query_chars=50, max_top_k=5)) as srv:
+        yield srv
 
 
 @pytest.fixture
@@ -213,12 +228,6 @@ def test_retriever_exception_is_500_and_server_keeps_serving() -> None:
 
 
 def test_scores_are_sent_when_the_retriever_has_them() -> None:
-    class Scored(FlakyRetriever):
-        def search_batch_scored(
-            self, queries: list[str], k: int
-        ) -> list[list[tuple[Passage, float]]]:
-            return [[(p, 1.0 / (i + 1)) for i, p in enumerate(CORPUS[:k])] for _ in queries]
-
     r = TestClient(create_app(Scored())).post("/retrieve", json={"queries": ["a"], "top_k": 2})
     assert [h["score"] for h in r.json()["results"][0]] == [1.0, 0.5]
 
@@ -255,6 +264,97 @@ def test_load_corpus_jsonl(tmp_path: Path) -> None:
     path.write_text('{"id": 1, "title": "A", "text": "x"}\n{"title": "B"}\n')
     with pytest.raises(ValueError, match=r"c.jsonl:2: want an object with id, title, text"):
         load_corpus_jsonl(path)
+
+
+# --- Search-R1's wire format -----------------------------------------------------------------
+
+
+def post(srv: BackgroundServer, body: Any) -> tuple[int, Any]:
+    import httpx
+
+    r = httpx.post(f"{srv.url}/retrieve", json=body, timeout=10)
+    return r.status_code, r.json()
+
+
+def test_search_r1_contents_is_the_quoted_title_then_the_text() -> None:
+    assert search_r1_contents(CORPUS[0]) == '"Velmora"\n' + CORPUS[0].text
+    assert search_r1_contents(Passage("x", "Two\nlines", "t")) == '"Two lines"\nt'
+    assert search_r1_contents(Passage("x", "", "t")) == '""\nt'
+
+
+def test_search_r1_request_gets_search_r1_response(
+    small_server: BackgroundServer, bm25: BM25Retriever
+) -> None:
+    queries = ["river guild", "zzz unknown"]
+    (expected, _) = bm25.search_batch(queries, 2)
+    status, out = post(small_server, {"queries": queries, "topk": 2, "return_scores": True})
+    assert status == 200 and set(out) == {"result"}
+    first, empty = out["result"]
+    assert first == [
+        {"document": {"id": p.id, "contents": f'"{p.title}"\n{p.text}'}, "score": None}
+        for p in expected
+    ]  # BM25 reports no score: null, the shape kept
+    assert empty == []
+    # return_scores false (the default): the documents themselves, no wrapper
+    status, out = post(small_server, {"queries": queries, "topk": 2})
+    assert status == 200 and out["result"][0] == [d["document"] for d in first]
+    status, out = post(small_server, {"queries": ["river"], "return_scores": False})
+    assert status == 200 and len(out["result"][0]) == 3  # topk defaults to 3, as theirs
+    # our own shape is unchanged next to it
+    status, out = post(small_server, {"queries": queries, "top_k": 2})
+    assert status == 200 and set(out) == {"results"}
+    assert [h["id"] for h in out["results"][0]] == [p.id for p in expected]
+
+
+def test_search_r1_scores_are_floats_when_the_retriever_has_them() -> None:
+    with BackgroundServer(create_app(Scored())) as srv:
+        status, out = post(srv, {"queries": ["a", "b"], "topk": 2, "return_scores": True})
+    assert status == 200
+    assert [[h["score"] for h in row] for row in out["result"]] == [[1.0, 0.5], [1.0, 0.5]]
+    assert out["result"][0][1]["document"] == {
+        "id": "ostrand",
+        "contents": '"Ostrand"\nOstrand is a mountain town known for its glass works.',
+    }
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "says"),
+    [
+        ({"queries": ["river"], "topk": 0}, "topk", "must be >= 1, got 0"),
+        ({"queries": ["river"], "topk": 6}, "topk", "must be <= 5, got 6"),
+        ({"queries": ["river"], "topk": "2"}, "topk", "must be an integer, got str"),
+        ({"queries": ["river"], "topk": None}, "topk", "must be an integer, got null"),
+        ({"queries": ["river"], "return_scores": 1}, "return_scores", "true or false, got int"),
+        ({"queries": ["river"], "return_scores": "yes"}, "return_scores", "got str"),
+        ({"queries": ["a"] * 5, "topk": 1}, "queries", "at most 4 queries"),
+        ({"queries": ["x" * 51], "topk": 1}, "queries[0]", "at most 50 characters per query"),
+        ({"queries": [" "], "topk": 1}, "queries[0]", "empty or whitespace"),
+        ({"queries": [], "topk": 1}, "queries", "at least 1"),
+        ({"topk": 1}, "queries", "required field missing"),
+        (
+            {"queries": ["river"], "topk": 1, "k": 2},
+            "k",
+            "unknown field; expected only 'queries', 'topk' and 'return_scores'",
+        ),
+        ({"queries": ["river"], "top_k": 1, "topk": 1}, "top_k", "Search-R1's topk"),
+        ({"queries": ["river"], "top_k": 1, "topk": 1}, "topk", "agentr1's top_k"),
+        ({"queries": ["river"], "top_k": 1, "return_scores": True}, "return_scores", "top_k"),
+    ],
+)
+def test_bad_search_r1_requests_are_422_naming_the_field(
+    small_server: BackgroundServer, body: Any, field: str, says: str
+) -> None:
+    status, out = post(small_server, body)
+    assert status == 422, out
+    assert out["error"] == "invalid_request"
+    assert any(e["field"] == field and says in e["message"] for e in out["errors"]), out
+    assert f"{field}: " in out["message"]
+
+
+def test_mixed_shapes_name_both_fields(small_server: BackgroundServer) -> None:
+    status, out = post(small_server, {"queries": ["river"], "top_k": 2, "topk": 2})
+    assert status == 422 and [e["field"] for e in out["errors"]] == ["top_k", "topk"]
+    assert out["message"].startswith("top_k: ") and "; topk: " in out["message"]
 
 
 # --- client ---------------------------------------------------------------------------------
