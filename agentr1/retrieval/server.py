@@ -365,9 +365,13 @@ def create_app(
 
 
 class BodyLimit:
-    """ASGI middleware: a request whose Content-Length exceeds ``max_bytes`` gets 413.
+    """ASGI middleware: a request body over ``max_bytes`` gets 413, whatever its framing.
 
-    Checked before the body is read, so an oversized request costs no memory.
+    A Content-Length over the limit is refused before the body is read. Any other body
+    (``Transfer-Encoding: chunked``, or a Content-Length that understates it) is read here,
+    counting, before the app sees it: the chunk that passes the limit, or the declared
+    length, ends the request with 413 and the rest is never read. So a request costs at
+    most ``max_bytes`` plus one chunk; the app gets the body it would have read.
     """
 
     def __init__(self, app: Any, max_bytes: int) -> None:
@@ -375,18 +379,52 @@ class BodyLimit:
         self.max_bytes = max_bytes
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            length = dict(scope.get("headers") or []).get(b"content-length", b"")
-            if length.isdigit() and int(length) > self.max_bytes:
-                from fastapi.responses import JSONResponse
-
-                message = f"body: {int(length)} bytes; the limit is {self.max_bytes}"
-                response = JSONResponse(
-                    status_code=413, content={"error": "request_too_large", "message": message}
-                )
-                await response(scope, receive, send)
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope.get("headers") or []).get(b"content-length", b"")
+        declared = int(length) if length.isdigit() else None
+        if declared is not None and declared > self.max_bytes:
+            await _too_large(f"body: {declared} bytes; the limit is {self.max_bytes}", send)
+            return
+        chunks: list[bytes] = []
+        received = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client left: let the app see it
+                break
+            chunk = message.get("body", b"")
+            received += len(chunk)
+            if received > self.max_bytes:
+                await _too_large(f"body: {received}+ bytes; the limit is {self.max_bytes}", send)
                 return
-        await self.app(scope, receive, send)
+            if declared is not None and received > declared:
+                await _too_large(
+                    f"body: {received}+ bytes; its Content-Length said {declared}", send
+                )
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                message = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+                break
+        replayed = False
+
+        async def replay() -> Any:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return message
+
+        await self.app(scope, replay, send)
+
+
+async def _too_large(message: str, send: Any) -> None:
+    """Send a 413 in the server's error format."""
+    body = json.dumps({"error": "request_too_large", "message": message}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": 413, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 def serve(

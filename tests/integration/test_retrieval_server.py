@@ -36,6 +36,7 @@ from agentr1.retrieval import (
 )
 from agentr1.retrieval.server import (
     BackgroundServer,
+    BodyLimit,
     create_app,
     load_corpus_jsonl,
     retriever_kind,
@@ -264,6 +265,126 @@ def test_load_corpus_jsonl(tmp_path: Path) -> None:
     path.write_text('{"id": 1, "title": "A", "text": "x"}\n{"title": "B"}\n')
     with pytest.raises(ValueError, match=r"c.jsonl:2: want an object with id, title, text"):
         load_corpus_jsonl(path)
+
+
+# --- body limit ---------------------------------------------------------------------------
+
+
+def rss_mb() -> float:
+    """This process's resident memory (Linux)."""
+    with open("/proc/self/status") as f:
+        line = next(x for x in f if x.startswith("VmRSS:"))
+    return int(line.split()[1]) / 1024
+
+
+def chunked_query(n_mb: int) -> Iterator[bytes]:
+    """A JSON body of one ``n_mb`` MB query, as an iterator: httpx sends it chunked."""
+    yield b'{"queries": ["'
+    chunk = b"x" * (1 << 20)
+    for _ in range(n_mb):
+        yield chunk
+    yield b'"]}'
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads RSS from /proc")
+def test_chunked_body_over_the_limit_is_413_without_reading_it(
+    small_server: BackgroundServer,
+) -> None:
+    import httpx
+
+    limit = 4 * (12 * 50 + 16) + 4096  # ServerLimits(4, 50, 5).max_body_bytes
+    peak, done = [rss_mb()], threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], rss_mb())
+            time.sleep(0.002)
+
+    base = peak[0]
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    json_type = {"content-type": "application/json"}
+    with httpx.Client(base_url=small_server.url, headers=json_type, timeout=30) as http:
+        try:
+            r = http.post("/retrieve", content=chunked_query(50))
+        finally:
+            done.set()
+            sampler.join()
+        assert r.status_code == 413, r.text
+        assert r.json()["error"] == "request_too_large"
+        assert f"the limit is {limit}" in r.json()["message"]
+        # the server read about the limit, not the 50 MB (buffered, it grew by 150 MB)
+        assert peak[0] - base < 25, f"RSS grew {peak[0] - base:.0f} MB"
+        assert http.get("/health").status_code == 200
+        ok = http.post("/retrieve", content=iter([b'{"queries": ', b'["glass"], "top_k": 1}']))
+        assert ok.status_code == 200 and ok.json()["results"][0][0]["id"] == "ostrand"
+
+
+class Recorder:
+    """An ASGI app that records the request body it reads and answers 200."""
+
+    def __init__(self) -> None:
+        self.body: bytes | None = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        self.body = body
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+
+def call_asgi(
+    max_bytes: int, chunks: Iterator[bytes], content_length: int | None = None
+) -> tuple[int, bytes, Recorder, int]:
+    """Run one request through ``BodyLimit(Recorder(), max_bytes)``: (status, response
+    body, the app, how many chunks were read)."""
+    app, sent, reads = Recorder(), [], 0
+    headers = [] if content_length is None else [(b"content-length", str(content_length).encode())]
+
+    async def receive() -> dict[str, Any]:
+        nonlocal reads
+        reads += 1
+        chunk = next(chunks, None)
+        if chunk is None:
+            return {"type": "http.request", "body": b"", "more_body": False}
+        return {"type": "http.request", "body": chunk, "more_body": True}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/", "headers": headers}
+    asyncio.run(BodyLimit(app, max_bytes)(scope, receive, send))
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return status, body, app, reads
+
+
+def test_body_limit_stops_reading_at_the_chunk_that_passes_it() -> None:
+    endless = iter(lambda: b"x" * 30, None)  # a client that never stops sending
+    status, body, app, reads = call_asgi(100, endless)
+    assert status == 413 and app.body is None
+    assert reads == 4  # 30, 60, 90, 120 > 100: the fourth chunk ends it
+    assert json.loads(body) == {
+        "error": "request_too_large",
+        "message": "body: 120+ bytes; the limit is 100",
+    }
+
+
+def test_body_limit_refuses_more_bytes_than_content_length_declared() -> None:
+    status, body, app, reads = call_asgi(100, iter([b"x" * 8, b"x" * 8]), content_length=10)
+    assert status == 413 and app.body is None and reads == 2
+    assert json.loads(body)["message"] == "body: 16+ bytes; its Content-Length said 10"
+
+
+def test_body_limit_hands_the_app_the_whole_body_within_the_limit() -> None:
+    status, body, app, _ = call_asgi(100, iter([b"a" * 50, b"b" * 50]))
+    assert (status, body, app.body) == (200, b"ok", b"a" * 50 + b"b" * 50)
+    status, _, app, reads = call_asgi(100, iter([]), content_length=101)
+    assert status == 413 and app.body is None and reads == 0  # refused before reading
 
 
 # --- Search-R1's wire format -----------------------------------------------------------------
