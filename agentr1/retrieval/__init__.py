@@ -12,7 +12,12 @@ from collections.abc import Sequence
 
 from agentr1.retrieval.base import Passage, Retriever
 from agentr1.retrieval.bm25 import BM25Retriever
-from agentr1.retrieval.client import RemoteRetriever, RetrievalRequestError, RetrieverUnavailable
+from agentr1.retrieval.client import (
+    RemoteRetriever,
+    RetrievalRequestError,
+    RetrieverUnavailable,
+    RetrieverUnreachable,
+)
 from agentr1.retrieval.dense import DenseRetriever, MiniLMEncoder
 from agentr1.retrieval.hybrid import HybridRetriever, reciprocal_rank_fusion
 
@@ -26,6 +31,7 @@ __all__ = [
     "RetrievalRequestError",
     "Retriever",
     "RetrieverUnavailable",
+    "RetrieverUnreachable",
     "reciprocal_rank_fusion",
     "retriever_from_spec",
 ]
@@ -37,11 +43,12 @@ def retriever_from_spec(spec: str, passages: Sequence[Passage]) -> Retriever:
     Args:
         spec: "bm25", "dense" (all-MiniLM-L6-v2, embeddings cached on disk), "hybrid"
             (RRF of both), or an ``http(s)://`` URL of ``agentr1 serve retriever`` (then
-            ``passages`` is not used: the server holds its own corpus).
+            ``passages`` is not used: the server holds its own corpus; it is asked at once).
         passages: the corpus for the local kinds.
 
     Raises:
         ValueError: an unknown spec, naming the valid ones.
+        RetrieverUnreachable: a URL where no server answers (an ``OSError``).
     """
     if spec.startswith(("http://", "https://")):
         from agentr1.retrieval.client import RemoteRetriever

@@ -1,7 +1,11 @@
-"""`RemoteRetriever`: the `Retriever` protocol over HTTP, against `agentr1.retrieval.server`.
+"""`RemoteRetriever`: the `Retriever` protocol over HTTP, against `agentr1.retrieval.server`
+(or a Search-R1 retrieval server, ``protocol="search-r1"``; see `RemoteRetriever`).
 
 Failure policy:
 
+- a retriever is checked when it is made: ``GET /health`` (with the retries below); no
+  answer at all raises `RetrieverUnreachable`, a `ConnectionError` (so an ``OSError``, which
+  the CLIs report in one line) naming the URL;
 - connection errors, timeouts and 5xx answers are retried ``retries`` times with exponential
   backoff (``backoff_s``, 2x, 4x, ...); if every attempt fails, `RetrieverUnavailable` names
   the URL and the last error;
@@ -47,6 +51,26 @@ class RetrieverUnavailable(RuntimeError):
         self.last_error = last_error
 
 
+class RetrieverUnreachable(ConnectionError):
+    """No server answers at a `RemoteRetriever`'s URL when it is made.
+
+    A ``ConnectionError`` (an ``OSError``), unlike `RetrieverUnavailable`, so that a command
+    given a wrong ``--retriever`` URL stops with this one line before any work.
+
+    Attributes:
+        url: the server's base URL.
+        reason: the last error, and how many attempts were made.
+    """
+
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(
+            f"retriever {url}: no server answers ({reason}); is `agentr1 serve retriever` "
+            "running there?"
+        )
+        self.url = url
+        self.reason = reason
+
+
 class RetrievalRequestError(ValueError):
     """The server rejected the request (4xx); retrying would not help.
 
@@ -80,6 +104,27 @@ class ServerHealth:
     max_top_k: int
 
 
+PROTOCOLS = ("auto", "agentr1", "search-r1")
+"""Wire formats `RemoteRetriever` speaks (see `agentr1.retrieval.server`)."""
+
+
+def passage_from_search_r1(doc: Any) -> Passage:
+    """A Search-R1 document as a `Passage`: ``contents`` is the title in double quotes on
+    the first line, then the text (`agentr1.retrieval.server.search_r1_contents`).
+
+    >>> passage_from_search_r1({"id": "7", "contents": '"Velmora"\\nA port city.'})
+    Passage(id='7', title='Velmora', text='A port city.')
+    >>> passage_from_search_r1({"contents": "no title line"})
+    Passage(id='', title='', text='no title line')
+    """
+    if not isinstance(doc, dict):
+        raise TypeError(f"a Search-R1 document is an object, got {type(doc).__name__}")
+    contents = str(doc.get("contents", ""))
+    first, newline, rest = contents.partition("\n")
+    title, text = (first.strip().strip('"'), rest) if newline else ("", contents)
+    return Passage(str(doc.get("id", "")), title, text)
+
+
 def _chunks(items: list[int], size: int) -> Iterator[list[int]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
@@ -109,6 +154,17 @@ class RemoteRetriever:
         backoff_s: sleep before the first retry; doubles on each further one.
         batch_size: queries per request; larger batches are split (keep it at or under the
             server's ``max_batch``).
+        protocol: the wire format: "agentr1" (``{"queries", "top_k"}``), "search-r1"
+            (``{"queries", "topk", "return_scores"}``, PeterGriffinJin/Search-R1's
+            ``search_r1/search/retrieval_server.py``, which has no ``/health``), or "auto":
+            agentr1 if ``GET /health`` answers, search-r1 if it is a 404 (agentr1 when
+            ``check`` is off).
+        check: ask the server at once (``GET /health``, with the retries), so that a wrong
+            URL fails here, as `RetrieverUnreachable`, not at the first search.
+
+    Raises:
+        ValueError: a bad argument.
+        RetrieverUnreachable: with ``check``, no server answers at ``url``.
     """
 
     thread_safe = True
@@ -121,12 +177,16 @@ class RemoteRetriever:
         retries: int = 3,
         backoff_s: float = 0.2,
         batch_size: int = 64,
+        protocol: str = "auto",
+        check: bool = True,
     ) -> None:
         if timeout_s <= 0 or retries < 0 or backoff_s < 0 or batch_size < 1:
             raise ValueError(
                 f"need timeout_s > 0, retries >= 0, backoff_s >= 0, batch_size >= 1; got "
                 f"{timeout_s}, {retries}, {backoff_s}, {batch_size}"
             )
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"protocol: {protocol!r}; use one of {', '.join(PROTOCOLS)}")
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
         self.retries = retries
@@ -134,6 +194,34 @@ class RemoteRetriever:
         self.batch_size = batch_size
         self._client: Any = None
         self._client_lock = threading.Lock()
+        self.protocol = "agentr1" if protocol == "auto" and not check else protocol
+        if check:
+            self.connect()
+
+    def connect(self) -> str:
+        """Check that a server answers at `url` and settle an "auto" `protocol`; returns it.
+
+        Raises:
+            RetrieverUnreachable: no HTTP answer after every retry (or only 5xx).
+            ValueError: protocol "agentr1" and the server has no ``/health``.
+        """
+        try:
+            self._request("GET", "/health")
+            found = "agentr1"
+        except RetrieverUnavailable as e:
+            raise RetrieverUnreachable(
+                self.url, f"{e.last_error}; {e.attempts} attempt(s)"
+            ) from None
+        except RetrievalRequestError as e:
+            if e.status != 404 or self.protocol == "agentr1":
+                raise ValueError(
+                    f"retriever {self.url}: GET /health answered HTTP {e.status}, not "
+                    "`agentr1 serve retriever` (a Search-R1 server? protocol='search-r1')"
+                ) from None
+            found = "search-r1"  # Search-R1's server serves /retrieve only
+        if self.protocol == "auto":
+            self.protocol = found
+        return self.protocol
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -202,7 +290,7 @@ class RemoteRetriever:
         raise RetrieverUnavailable(url, attempts, last)
 
     def health(self) -> ServerHealth:
-        """The server's ``/health`` report."""
+        """The server's ``/health`` report (an agentr1 server's; Search-R1's has none)."""
         h = self._request("GET", "/health")
         limits = h.get("limits", {})
         return ServerHealth(
@@ -216,6 +304,8 @@ class RemoteRetriever:
 
     def __len__(self) -> int:
         """Corpus size as reported by the server."""
+        if self.protocol == "search-r1":
+            raise TypeError("a Search-R1 retrieval server does not report its corpus size")
         size = self.health().corpus_size
         if size is None:
             raise TypeError("the retrieval server does not report its corpus size")
@@ -241,12 +331,36 @@ class RemoteRetriever:
         live = [i for i, q in enumerate(queries) if q.strip()]
         for chunk in _chunks(live, self.batch_size):
             texts = [queries[i] for i in chunk]
-            body = self._request("POST", "/retrieve", {"queries": texts, "top_k": k})
-            results = body.get("results") if isinstance(body, dict) else None
-            if not isinstance(results, list) or len(results) != len(chunk):
-                raise RetrieverUnavailable(
-                    self.url, 1, f"malformed answer: expected {len(chunk)} result lists"
-                )
-            for i, hits in zip(chunk, results, strict=True):
-                out[i] = [(Passage(h["id"], h["title"], h["text"]), h.get("score")) for h in hits]
+            for i, hits in zip(chunk, self._post(texts, k), strict=True):
+                out[i] = hits
         return out
+
+    def _post(self, texts: list[str], k: int) -> list[list[tuple[Passage, float | None]]]:
+        """One ``POST /retrieve`` in `protocol`'s format, decoded."""
+        search_r1 = self.protocol == "search-r1"
+        if search_r1:
+            body = self._request(
+                "POST", "/retrieve", {"queries": texts, "topk": k, "return_scores": True}
+            )
+        else:
+            body = self._request("POST", "/retrieve", {"queries": texts, "top_k": k})
+        key = "result" if search_r1 else "results"
+        results = body.get(key) if isinstance(body, dict) else None
+        if not isinstance(results, list) or len(results) != len(texts):
+            raise RetrieverUnavailable(
+                self.url, 1, f"malformed answer: expected {len(texts)} result lists in {key!r}"
+            )
+        try:
+            if search_r1:
+                return [
+                    [(passage_from_search_r1(h["document"]), h.get("score")) for h in hits]
+                    for hits in results
+                ]
+            return [
+                [(Passage(h["id"], h["title"], h["text"]), h.get("score")) for h in hits]
+                for hits in results
+            ]
+        except (KeyError, TypeError, AttributeError) as e:
+            raise RetrieverUnavailable(
+                self.url, 1, f"malformed answer: {type(e).__name__}: {e}"
+            ) from None

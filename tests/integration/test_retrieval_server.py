@@ -33,6 +33,8 @@ from agentr1.retrieval import (
     RemoteRetriever,
     RetrievalRequestError,
     RetrieverUnavailable,
+    RetrieverUnreachable,
+    retriever_from_spec,
 )
 from agentr1.retrieval.server import (
     BackgroundServer,
@@ -518,7 +520,7 @@ def test_client_does_not_retry_4xx(served: BackgroundServer) -> None:
 
 def test_client_dead_port_raises_unavailable_with_url() -> None:
     url = dead_url()
-    remote = RemoteRetriever(url, timeout_s=1, retries=2, backoff_s=0.01)
+    remote = RemoteRetriever(url, timeout_s=1, retries=2, backoff_s=0.01, check=False)
     with pytest.raises(RetrieverUnavailable) as e:
         remote.search("river", 3)
     assert e.value.url == f"{url}/retrieve" and e.value.attempts == 3
@@ -547,7 +549,7 @@ def test_client_is_picklable(served: BackgroundServer) -> None:
 
 def test_search_tool_turns_dead_server_into_an_observation() -> None:
     url = dead_url()
-    remote = RemoteRetriever(url, timeout_s=1, retries=1, backoff_s=0.01)
+    remote = RemoteRetriever(url, timeout_s=1, retries=1, backoff_s=0.01, check=False)
     env = ToolEnv(tools=[SearchTool(remote)])
     env.reset(Task("t1", "Where is Velmora?", ["port city"]))
     turn = '<tool_call>{"name": "search", "arguments": {"query": "Velmora"}}</tool_call>'
@@ -557,6 +559,66 @@ def test_search_tool_turns_dead_server_into_an_observation() -> None:
     assert not result.ok and result.metadata["error"] == "tool_exception"
     assert "RetrieverUnavailable" in result.content and url in result.content
     assert step.observation[0].role == "tool" and step.observation[0].content == result.content
+
+
+def test_client_checks_the_server_when_made() -> None:
+    url = dead_url()
+    with pytest.raises(RetrieverUnreachable) as e:
+        RemoteRetriever(url, timeout_s=1, retries=1, backoff_s=0.01)
+    assert isinstance(e.value, OSError) and e.value.url == url  # the CLIs catch OSError
+    assert str(e.value) == (
+        f"retriever {url}: no server answers (ConnectError: [Errno 111] Connection refused; "
+        "2 attempt(s)); is `agentr1 serve retriever` running there?"
+    )
+    with pytest.raises(RetrieverUnreachable, match=url):
+        retriever_from_spec(url, [])
+
+
+def without_health(app: Any) -> Any:
+    """``app`` with ``GET /health`` answering 404, as Search-R1's server does."""
+
+    async def asgi(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] == "/health":
+            await send({"type": "http.response.start", "status": 404, "headers": []})
+            await send({"type": "http.response.body", "body": b'{"detail": "Not Found"}'})
+            return
+        await app(scope, receive, send)
+
+    return asgi
+
+
+def test_client_speaks_search_r1(served: BackgroundServer, bm25: BM25Retriever) -> None:
+    queries = ["river guild", "painter", "  ", "glass"]
+    assert RemoteRetriever(served.url).protocol == "agentr1"
+    remote = RemoteRetriever(served.url, protocol="search-r1", batch_size=2)
+    assert remote.search_batch(queries, 3) == bm25.search_batch(queries, 3)  # passages intact
+    with BackgroundServer(without_health(create_app(Scored()))) as srv:
+        auto = RemoteRetriever(srv.url)
+        assert auto.protocol == "search-r1"
+        assert [(p.id, s) for p, s in auto.search_batch_scored(["a"], 2)[0]] == [
+            ("velmora", 1.0),
+            ("ostrand", 0.5),
+        ]
+        with pytest.raises(TypeError, match="Search-R1"):
+            len(auto)
+        with pytest.raises(ValueError, match=r"answered HTTP 404.*protocol='search-r1'"):
+            RemoteRetriever(srv.url, protocol="agentr1")
+    with pytest.raises(ValueError, match="protocol: 'grpc'"):
+        RemoteRetriever(served.url, protocol="grpc")
+
+
+def test_qa_eval_with_an_unreachable_retriever_says_so_in_one_line(tmp_path: Path) -> None:
+    from tests.integration.test_qa_env import ircot_record, write_jsonl
+
+    url = dead_url()
+    data = write_jsonl(tmp_path / "q.jsonl", [ircot_record(0)])
+    cmd = [sys.executable, "-c", "import sys; from agentr1.cli import main; sys.exit(main())"]
+    cmd += ["qa-eval", "--model", "x", "--data", data, "--retriever", url, "--max-tasks", "1"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    (line,) = [x for x in proc.stderr.splitlines() if x.startswith("agentr1 qa-eval:")]
+    assert url in line and "is `agentr1 serve retriever` running there?" in line
 
 
 # --- load ---------------------------------------------------------------------------------
