@@ -27,6 +27,35 @@ if TYPE_CHECKING:  # torch stays out of the import graph of envs/tools/rewards
 Role = Literal["system", "user", "assistant", "tool"]
 
 
+def valid_text(text: str) -> str:
+    """``text`` as valid Unicode: each lone surrogate replaced by U+FFFD.
+
+    A Python ``str`` may hold what no encoder accepts: the bytes a ``surrogateescape``
+    decode could not read (a tool's output from a binary file), or a ``\\ud800`` escape
+    a model wrote inside JSON. Tokenizers and UTF-8 files reject them; every text the
+    rollout tokenizes or logs passes through here. Escaped bytes come back as the valid
+    UTF-8 around them, each undecodable byte one U+FFFD.
+
+    >>> valid_text("ok \\udcff end"), valid_text("\\ud800x")
+    ('ok \ufffd end', '\ufffdx')
+    """
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        pass
+    try:  # surrogateescape'd bytes: decode them again, replacing what is not UTF-8
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    except UnicodeEncodeError:  # other lone surrogates
+        return "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c for c in text)
+
+
+def json_line(record: Any) -> str:
+    """One JSONL line (no newline) of ``record``, non-ASCII kept readable, any lone
+    surrogate in it replaced (`valid_text`), so a log write never fails on content."""
+    return valid_text(json.dumps(record, ensure_ascii=False))
+
+
 @dataclass(frozen=True)
 class ToolCall:
     """One call the agent asked for.
@@ -305,7 +334,7 @@ class Trajectory:
         d["stop_reason"] = self.stop_reason.value if self.stop_reason else None
         if text is not None:
             d["text"] = text
-        return json.dumps(d, ensure_ascii=False)
+        return json_line(d)
 
     @classmethod
     def from_json(cls, line: str) -> Trajectory:

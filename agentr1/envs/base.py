@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentr1.envs.parsers import HermesParser, TurnParser
+from agentr1.envs.parsers import HermesParser, ParsedTurn, ParseError, TurnParser
 from agentr1.envs.prompts import AUTO, resolve_system_prompt
 from agentr1.rewards import OutcomeReward, ProcessReward, em
 from agentr1.tools.base import Tool, ToolArgumentError, contain_exit, tool_schema
@@ -31,6 +31,7 @@ from agentr1.types import (
     Task,
     ToolCall,
     ToolResult,
+    valid_text,
 )
 
 EpisodeMetric = Callable[[str | None, Task], float]
@@ -45,7 +46,13 @@ ERROR_KINDS = (
     "tool_exception",
     "tool_timeout",
     "tool_bad_output",
+    "tool_unavailable",
+    "tool_crashed",
 )
+"""What can go wrong in a turn, each counted per step: a malformed call (``parse_errors``),
+a call of no tool, arguments the schema refuses, a tool that raised, ran past its
+timeout, returned no text, was refused because too many of its calls still hang, or
+whose worker process died (`agentr1.tools.workers`)."""
 
 
 em_reward = em
@@ -104,10 +111,17 @@ class ToolEnv:
         if self.task is None:
             raise RuntimeError("ToolEnv.step called before reset(task)")
         turn = len(self.history)
-        parsed = self.parser.parse(text, turn)
+        try:
+            parsed = self.parser.parse(text, turn)
+        except Exception as err:  # a parser's bug costs this turn's calls, not the episode
+            raw = f"{type(err).__name__}: {str(err)[:200]}"
+            parsed = ParsedTurn(
+                errors=[ParseError("parser_error", raw, "Error: the turn could not be read.")]
+            )
         metrics: dict[str, float] = dict.fromkeys(ERROR_KINDS, 0.0)
         metrics["parse_errors"] = float(len(parsed.errors))
         metrics["tool_calls"] = float(len(parsed.calls))
+        metrics["observations_truncated"] = 0.0
 
         results: list[ToolResult] = []
         observation: list[Message] = []
@@ -128,6 +142,8 @@ class ToolEnv:
                 if not r.ok:
                     kind = str(r.metadata.get("error", "tool_exception"))
                     metrics[kind] = metrics.get(kind, 0.0) + 1
+                if r.metadata.get("truncated"):
+                    metrics["observations_truncated"] += 1
                 observation.append(Message("tool", r.content, name=c.name, tool_call_id=c.id))
             for e in parsed.errors:
                 observation.append(Message("tool", e.message, name="error"))
@@ -197,9 +213,14 @@ class ToolEnv:
             return 0.0
 
     async def _run(self, call: ToolCall) -> ToolResult:
-        """Execute one call; every failure becomes a ToolResult with ``ok=False``, and no
-        observation (an error's included) is longer than ``max_observation_chars``."""
-        return self._clip(await self._execute(call))
+        """Execute one call; every failure becomes a ToolResult with ``ok=False``, no
+        observation (an error's included) is longer than ``max_observation_chars``, and
+        each is valid Unicode (`valid_text`: a tool's undecodable bytes become U+FFFD)."""
+        result = self._clip(await self._execute(call))
+        content = valid_text(result.content)
+        if content is result.content:
+            return result
+        return ToolResult(content, ok=result.ok, metadata={**result.metadata, "invalid_text": True})
 
     async def _execute(self, call: ToolCall) -> ToolResult:
         t = self._by_name.get(call.name)

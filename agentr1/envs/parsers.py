@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -26,7 +25,8 @@ class ParseError:
 
     Attributes:
         kind: "malformed_json", "not_an_object", "missing_name", "bad_arguments",
-            "unclosed_tag", "nested_tag" or "too_many_calls".
+            "unclosed_tag", "nested_tag", "too_many_calls", or "parser_error" (a parser
+            raised: `ToolEnv.step` makes that a parse error too).
         raw: the offending text (truncated for logs).
         message: what the model is told, naming what is expected.
     """
@@ -57,7 +57,41 @@ class TurnParser(Protocol):
     def parse(self, text: str, turn_index: int = 0) -> ParsedTurn: ...
 
 
-_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+def strip_think(text: str) -> str:
+    """``text`` without its ``<think>...</think>`` blocks (each from an opening tag to the
+    next closing tag; an unclosed one is kept). One pass, linear in the text: a regex
+    search restarts at every opening tag, quadratic on ``"<think>" * 30000``.
+
+    >>> strip_think("a<think>x</think>b<think>y")
+    'ab<think>y'
+    """
+    out, pos = [], 0
+    while (start := text.find(THINK_OPEN, pos)) >= 0:
+        end = text.find(THINK_CLOSE, start + len(THINK_OPEN))
+        if end < 0:
+            break
+        out.append(text[pos:start])
+        pos = end + len(THINK_CLOSE)
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def _load_json(text: str) -> object:
+    """`json.loads` that reports what model output can make it raise besides a syntax
+    error: an integer of more digits than Python converts (`ValueError`) and nesting
+    deeper than the interpreter recurses (`RecursionError`), each as a
+    `json.JSONDecodeError` with a message the model can read."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise
+    except RecursionError:
+        raise json.JSONDecodeError("nested too deeply", text[:200], 0) from None
+    except ValueError as e:  # "Exceeds the limit (4300 digits) for integer string conversion"
+        raise json.JSONDecodeError(f"a number too large ({str(e)[:80]})", text[:200], 0) from None
 
 
 def search_call(query: str) -> str:
@@ -106,16 +140,19 @@ class HermesParser:
         'Paris'
         """
         out = ParsedTurn()
-        text = _THINK.sub("", text)
+        text = strip_think(text)
+        outside: list[str] = []  # the text outside tool-call blocks, where answers are read
         pos = 0
         while True:
             start = text.find(self.call_open, pos)
             if start < 0:
                 break
+            outside.append(text[pos:start])
             body_start = start + len(self.call_open)
             end = text.find(self.call_close, body_start)
             if end < 0:
                 out.errors.append(_unclosed(self.call_open, self.call_close, text[start:]))
+                pos = len(text)
                 break
             body = text[body_start:end]
             pos = end + len(self.call_close)
@@ -142,13 +179,15 @@ class HermesParser:
                 out.errors.append(err)
             elif call is not None:
                 out.calls.append(call)
-        out.answer = self._answer(text, out)
+        outside.append(text[pos:])
+        # An <answer> tag inside a call's arguments is data of the call, not the answer.
+        out.answer = self._answer("".join(outside), out)
         return out
 
     def _call(self, body: str, turn: int, index: int) -> tuple[ToolCall | None, ParseError | None]:
         expected = 'expected {"name": <tool name>, "arguments": {<argument>: <value>}}'
         try:
-            obj = json.loads(body.strip())
+            obj = _load_json(body.strip())
         except json.JSONDecodeError as e:
             return None, ParseError(
                 "malformed_json",
@@ -165,7 +204,7 @@ class HermesParser:
         args = obj.get("arguments", obj.get("parameters", {}))
         if isinstance(args, str):  # some models double-encode the arguments
             with contextlib.suppress(json.JSONDecodeError):
-                args = json.loads(args) if args.strip() else {}
+                args = _load_json(args) if args.strip() else {}
         if not isinstance(args, dict):
             return None, ParseError(
                 "bad_arguments",

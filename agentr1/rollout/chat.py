@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from agentr1.types import Message
+from agentr1.types import Message, valid_text
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +184,15 @@ class ChatFormat:
     ) -> list[int]:
         """``text_of(messages)`` tokenized, with every control string inside a message's
         content encoded as text. A content the template rewrote (so it cannot be found in
-        the render) has its control strings broken by a word joiner (U+2060) instead."""
+        the render) has its control strings broken by a word joiner (U+2060) instead. A
+        content with lone surrogates is made valid first (`valid_text`): tokenizers
+        reject them."""
+        messages = [
+            dataclasses.replace(m, content=valid_text(m.content))
+            if m.content and valid_text(m.content) is not m.content
+            else m
+            for m in messages
+        ]
         text = text_of(messages)
         controls = self.control_strings
         risky = [

@@ -6,30 +6,42 @@ what the result means for the episode — that is `ToolEnv`'s job.
 `@tool` turns a typed, documented Python function into a Tool: the JSON schema of its
 parameters (OpenAI function-calling convention, so chat templates that take ``tools=``
 render it) comes from the type hints, and the descriptions from the Google-style
-docstring. Sync functions run in a thread pool; every call has a timeout.
+docstring. Every call has a timeout; where a call runs (a worker thread, a killable
+process, or the rollout's event loop) is the tool's ``isolation``
+(`agentr1.tools.workers`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import pickle
 import re
 import types
 import typing
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal, Protocol, runtime_checkable
 
+from agentr1.tools.workers import (
+    MAX_HUNG,
+    THREADS,
+    HungCalls,
+    ProcessCalls,
+    ToolProcessDied,
+    ToolRaised,
+    importable,
+    resolve_function,
+)
 from agentr1.types import ToolResult
 
-# A dedicated pool: a hung sync tool occupies one of these threads until it returns (a
-# thread cannot be killed), and must not starve asyncio's default executor.
-_POOL = ThreadPoolExecutor(max_workers=16, thread_name_prefix="agentr1-tool")
+Isolation = Literal["thread", "process", "inline"]
+"""Where a `FunctionTool`'s calls run (`agentr1.tools.workers`)."""
 
 
 class ToolExit(RuntimeError):
-    """A tool called ``sys.exit``: the call fails, the run goes on."""
+    """A tool called ``sys.exit`` (or raised ``KeyboardInterrupt`` on a worker thread):
+    the call fails, the run goes on."""
 
 
 async def contain_exit(call: Awaitable[Any]) -> Any:
@@ -42,11 +54,18 @@ async def contain_exit(call: Awaitable[Any]) -> Any:
 
 
 def _exit_guarded(fn: Callable[..., Any], arguments: dict[str, Any]) -> Any:
-    """Run a sync tool in a worker thread with ``SystemExit`` turned into `ToolExit`."""
+    """Run a tool in a worker thread with ``SystemExit`` and ``KeyboardInterrupt`` turned
+    into `ToolExit` (a real Ctrl-C reaches the main thread, never this one, so here it is
+    the tool's own raise); an async tool on an event loop of its own, so blocking it
+    blocks only this thread."""
     try:
+        if inspect.iscoroutinefunction(fn):
+            return asyncio.run(fn(**arguments))
         return fn(**arguments)
     except SystemExit as e:
         raise ToolExit(f"the tool called sys.exit({e.code!r})") from None
+    except KeyboardInterrupt:
+        raise ToolExit("the tool raised KeyboardInterrupt") from None
 
 
 class ToolArgumentError(ValueError):
@@ -194,23 +213,85 @@ def validate_arguments(schema: dict[str, Any], arguments: Any) -> dict[str, Any]
 
 @dataclass
 class FunctionTool:
-    """A Tool wrapping a Python function (sync or async); made by `@tool`."""
+    """A Tool wrapping a Python function (sync or async); made by `@tool`.
+
+    Attributes:
+        fn, name, description, parameters: the function and what the model is shown.
+        timeout_s: seconds a call may run.
+        isolation: where calls run: "thread" (default), "process" (killable worker
+            processes; the function must be importable) or "inline" (async functions
+            only: the rollout's event loop). See `agentr1.tools.workers`.
+        processes: worker processes with ``isolation="process"``.
+        max_hung: calls still running past their timeout (threads cannot be killed)
+            before further calls are refused as ``tool_unavailable``.
+    """
 
     fn: Callable[..., Any]
     name: str
     description: str
     parameters: dict[str, Any]
     timeout_s: float = 10.0
+    isolation: Isolation = "thread"
+    processes: int = 2
+    max_hung: int = MAX_HUNG
+    _hung: HungCalls = field(default_factory=HungCalls, repr=False, compare=False)
+    _pool: ProcessCalls | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.isolation not in ("thread", "process", "inline"):
+            raise ValueError(
+                f"tool {self.name}: isolation={self.isolation!r}; expected thread, process "
+                "or inline"
+            )
+        if self.isolation == "inline" and not inspect.iscoroutinefunction(self.fn):
+            raise ValueError(
+                f"tool {self.name}: isolation='inline' is for async functions (a sync one "
+                "would block the rollout's event loop)"
+            )
+        if self.isolation == "process" and self._pool is None:
+            self._pool = ProcessCalls(self.fn, self.processes)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled (for another process, a Ray actor) with its settings; the function by
+        reference when ``@tool`` at module level shadows its name (pickle cannot find it
+        then); the copy's hung-call count and worker processes start afresh."""
+        state = {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("_")}
+        try:
+            pickle.dumps(self.fn)
+        except (pickle.PicklingError, AttributeError, TypeError):
+            state["fn"] = importable(self.fn)
+        return _rebuild_tool, (state,)
+
+    @property
+    def call_timeout_s(self) -> float:
+        """The limit of a whole call for `ToolEnv`: the run's ``timeout_s``, plus a worker
+        process's start with ``isolation="process"`` (the tool times its calls itself)."""
+        if self._pool is not None:
+            return self.timeout_s + self._pool.start_timeout_s
+        return self.timeout_s
 
     async def __call__(self, **arguments: Any) -> ToolResult:
         """Run the function; validation, exceptions and timeouts are the caller's (ToolEnv)."""
         validate_arguments(self.parameters, arguments)
-        if inspect.iscoroutinefunction(self.fn):
+        if self._hung.count >= self.max_hung:
+            return ToolResult(
+                f"Error: {self.name} is unavailable: {self._hung.count} earlier calls have "
+                "not returned.",
+                ok=False,
+                metadata={"error": "tool_unavailable"},
+            )
+        if self.isolation == "inline":
             coro: Awaitable[Any] = contain_exit(self.fn(**arguments))
+            out = await asyncio.wait_for(coro, timeout=self.timeout_s)
+        elif self._pool is not None:
+            out = await self._in_process(arguments)
         else:
-            loop = asyncio.get_running_loop()
-            coro = loop.run_in_executor(_POOL, _exit_guarded, self.fn, arguments)
-        out = await asyncio.wait_for(coro, timeout=self.timeout_s)
+            fut = THREADS.submit(_exit_guarded, self.fn, arguments)
+            try:
+                out = await asyncio.wait_for(asyncio.wrap_future(fut), timeout=self.timeout_s)
+            finally:
+                if not fut.done():  # timed out or cancelled: the thread runs on
+                    self._hung.abandon(fut)
         if isinstance(out, ToolResult | str):
             return out if isinstance(out, ToolResult) else ToolResult(content=out)
         if isinstance(out, bool | int | float):  # a number is an answer the model can read
@@ -221,16 +302,50 @@ class FunctionTool:
             f"Error: {self.name} returned {what}.", ok=False, metadata={"error": "tool_bad_output"}
         )
 
+    async def _in_process(self, arguments: dict[str, Any]) -> Any:
+        """The call in a worker process, which the pool kills past ``timeout_s``."""
+        assert self._pool is not None
+        try:
+            return await asyncio.wrap_future(
+                THREADS.submit(self._pool.call, arguments, self.timeout_s)
+            )
+        except ToolProcessDied as e:
+            return ToolResult(
+                f"Error: {self.name} failed: {e}.", ok=False, metadata={"error": "tool_crashed"}
+            )
+        except ToolRaised as e:
+            return ToolResult(
+                f"Error: {self.name} failed: {e.kind}: {e.message[:300]}",
+                ok=False,
+                metadata={"error": "tool_exception"},
+            )
+
+
+def _rebuild_tool(state: dict[str, Any]) -> FunctionTool:
+    if isinstance(state["fn"], tuple):
+        state = {**state, "fn": resolve_function(*state["fn"])}
+    return FunctionTool(**state)
+
 
 @typing.overload
 def tool(
-    fn: Callable[..., Any], *, name: str | None = None, timeout_s: float = 10.0
+    fn: Callable[..., Any],
+    *,
+    name: str | None = None,
+    timeout_s: float = 10.0,
+    isolation: Isolation = "thread",
+    processes: int = 2,
 ) -> FunctionTool: ...
 
 
 @typing.overload
 def tool(
-    fn: None = None, *, name: str | None = None, timeout_s: float = 10.0
+    fn: None = None,
+    *,
+    name: str | None = None,
+    timeout_s: float = 10.0,
+    isolation: Isolation = "thread",
+    processes: int = 2,
 ) -> Callable[[Callable[..., Any]], FunctionTool]: ...
 
 
@@ -239,8 +354,15 @@ def tool(
     *,
     name: str | None = None,
     timeout_s: float = 10.0,
+    isolation: Isolation = "thread",
+    processes: int = 2,
 ) -> FunctionTool | Callable[[Callable[..., Any]], FunctionTool]:
     """Make a Tool from a typed function with a Google-style docstring.
+
+    ``timeout_s`` limits each call; ``isolation`` says where calls run: "thread" (the
+    default), "process" (``processes`` killable worker processes, for code that may hang
+    in C, crash or leak; the function must be defined at module level) or "inline"
+    (async functions on the rollout's event loop). See `agentr1.tools.workers`.
 
     >>> @tool
     ... def add(a: int, b: int = 0) -> str:
@@ -280,6 +402,8 @@ def tool(
             description=description,
             parameters=schema,
             timeout_s=timeout_s,
+            isolation=isolation,
+            processes=processes,
         )
 
     return wrap(fn) if fn is not None else wrap

@@ -35,6 +35,7 @@ _FUNCS: dict[str, Callable[..., float]] = {
 _CONSTS = {"pi": math.pi, "e": math.e}
 MAX_EXPRESSION_CHARS = 200
 MAX_MAGNITUDE = 1e100  # keeps `9**9**9`-style inputs from eating the CPU
+MAX_ROUND_DIGITS = 400  # past ±400 digits round() changes nothing a float or 1e100 can hold
 
 
 class CalculatorError(ValueError):
@@ -72,6 +73,17 @@ def _check(x: Any) -> Any:
     return x
 
 
+def _check_digits(n: Any) -> None:
+    """``round``'s digits: an integer within ±`MAX_ROUND_DIGITS`. ``round(1, -10**99)``
+    never returns and ``round(1, -3*10**7)`` holds the interpreter (and its lock) for
+    30 s; no timeout can stop a computation that holds the interpreter lock."""
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise CalculatorError(f"round: digits must be an integer, got {n!r}")
+    if abs(n) > MAX_ROUND_DIGITS:
+        shown = str(n) if len(str(n)) <= 20 else f"{str(n)[:12]}... ({len(str(n))} digits)"
+        raise CalculatorError(f"round: digits must be within ±{MAX_ROUND_DIGITS}, got {shown}")
+
+
 def _eval(node: ast.AST) -> Any:
     if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
         if isinstance(node.value, bool):
@@ -97,8 +109,11 @@ def _eval(node: ast.AST) -> Any:
         and node.func.id in _FUNCS
         and not node.keywords
     ):
+        args = [_eval(a) for a in node.args]
+        if node.func.id == "round" and len(args) == 2:
+            _check_digits(args[1])
         try:
-            return _check(_FUNCS[node.func.id](*[_eval(a) for a in node.args]))
+            return _check(_FUNCS[node.func.id](*args))
         except (ValueError, TypeError, OverflowError) as e:
             raise CalculatorError(f"{node.func.id}: {e}") from None
     what = type(node).__name__

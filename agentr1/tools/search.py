@@ -8,6 +8,7 @@ from typing import Any
 
 from agentr1.retrieval.base import Passage, Retriever
 from agentr1.tools.base import validate_arguments
+from agentr1.tools.workers import in_thread
 from agentr1.types import ToolResult
 
 NO_RESULTS = "No results found."
@@ -88,10 +89,10 @@ class SearchTool:
                 metadata={"error": "bad_arguments"},
             )
         query = query[:MAX_QUERY_CHARS]
-        loop = asyncio.get_running_loop()
+        # On the tools' own threads (`agentr1.tools.workers`): a hung retriever cannot
+        # exhaust asyncio's default executor, which the rest of the process shares.
         passages = await asyncio.wait_for(
-            loop.run_in_executor(None, self.retriever.search, query, self.top_k),
-            timeout=self.timeout_s,
+            in_thread(self.retriever.search, query, self.top_k), timeout=self.timeout_s
         )
         return ToolResult(
             content=format_passages(passages, self.max_words),

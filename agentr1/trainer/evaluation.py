@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from agentr1.eval.evaluate import EvalResult, episode_record
 from agentr1.eval.evaluate import evaluate as evaluate_tasks
 from agentr1.fileio import write_atomic
-from agentr1.types import Task
+from agentr1.types import Task, json_line
 
 if TYPE_CHECKING:
     from agentr1.config import Config
@@ -163,6 +163,6 @@ def write_eval_report(setup: Setup, out: Path, res: dict[str, dict[str, EvalResu
             for t in r.trajectories:
                 rec = {"mode": mode, "split": split, **episode_record(t, by_id[t.task_id], names)}
                 rec["text"] = setup.chat.decode(t.token_ids[t.prompt_len :])
-                rows.append(json.dumps(rec, ensure_ascii=False) + "\n")
+                rows.append(json_line(rec) + "\n")
     write_atomic(out / "episodes.jsonl", "".join(rows))
     return md

@@ -26,6 +26,7 @@ from typing import Any
 
 from agentr1 import lora
 from agentr1.config import Config
+from agentr1.envs.base import ERROR_KINDS
 from agentr1.eval.evaluate import EvalResult
 from agentr1.rollout.collate import collate_groups
 from agentr1.rollout.loop import RolloutStats, run_rollout
@@ -129,6 +130,13 @@ def rollout_metrics(
         "episode_len": sum(len(t.token_ids) for t in trajs) / n,
         "gen_tokens_per_s": stats.tokens_per_s,
     }
+    # Which tool failures, and what else went wrong, per episode (the kinds of
+    # `agentr1.envs.base.ERROR_KINDS` always, a tool's own kinds when they occur).
+    kinds = Counter(e.error or "tool_exception" for t in trajs for e in t.tool_log if not e.ok)
+    for kind in (*(k for k in ERROR_KINDS if k != "parse_errors"), *sorted(kinds)):
+        m[f"tool_error/{kind}"] = kinds.get(kind, 0) / n
+    for key in ("parse_errors", "observations_truncated", "truncated_turns", "env_errors"):
+        m[key] = sum(t.metrics.get(key, 0.0) for t in trajs) / n
     stops = Counter(str(t.stop_reason) for t in trajs)
     for reason, count in stops.items():
         m[f"stop/{reason}"] = count / n

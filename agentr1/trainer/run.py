@@ -28,7 +28,7 @@ from agentr1 import configutil
 from agentr1.eval.evaluate import DEFAULT_METRICS, EvalResult, episode_record
 from agentr1.fileio import write_atomic
 from agentr1.rollout.io import write_trajectories
-from agentr1.types import Task, Trajectory, TrajectoryGroup
+from agentr1.types import Task, Trajectory, TrajectoryGroup, json_line
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ class RunDir:
                 rec["outcome_reward"] = t.outcome_reward
                 rec["process_reward"] = sum(t.step_rewards)
                 rec["advantage"] = adv
-                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+                f.write(json_line(rec) + "\n")
 
     def prepare_resume(self, step: int) -> None:
         """Before a run resumes from its step-``step`` checkpoint, make the episode logs
@@ -182,7 +182,7 @@ class RunDir:
                     log.warning("%s:%d: not a record, dropped", path, lineno)
                     continue
                 if rec is not None:
-                    out.append(json.dumps(rec, ensure_ascii=False) + "\n")
+                    out.append(json_line(rec) + "\n")
         write_atomic(path, "".join(out))
 
     def log_eval_episodes(
@@ -205,7 +205,7 @@ class RunDir:
                 if step is not None:
                     rec["step"] = step
                 rec.update(episode_record(t, by_id[t.task_id], metrics))
-                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+                f.write(json_line(rec) + "\n")
 
     def progress(self, total: int, desc: str, initial: int = 0) -> _Bar:
         return _Bar(total, desc, initial)
