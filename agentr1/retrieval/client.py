@@ -203,7 +203,8 @@ class RemoteRetriever:
 
         Raises:
             RetrieverUnreachable: no HTTP answer after every retry (or only 5xx).
-            ValueError: protocol "agentr1" and the server has no ``/health``.
+            ValueError: ``GET /health`` is a 4xx, unless a Search-R1 server is allowed (a
+                404 for "auto", any 4xx for "search-r1").
         """
         try:
             self._request("GET", "/health")
@@ -213,12 +214,13 @@ class RemoteRetriever:
                 self.url, f"{e.last_error}; {e.attempts} attempt(s)"
             ) from None
         except RetrievalRequestError as e:
-            if e.status != 404 or self.protocol == "agentr1":
+            # Search-R1's server serves /retrieve only: any answer shows it is there
+            if not (self.protocol == "search-r1" or (self.protocol == "auto" and e.status == 404)):
                 raise ValueError(
                     f"retriever {self.url}: GET /health answered HTTP {e.status}, not "
                     "`agentr1 serve retriever` (a Search-R1 server? protocol='search-r1')"
                 ) from None
-            found = "search-r1"  # Search-R1's server serves /retrieve only
+            found = "search-r1"
         if self.protocol == "auto":
             self.protocol = found
         return self.protocol
