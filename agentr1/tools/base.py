@@ -234,8 +234,8 @@ class FunctionTool:
     isolation: Isolation = "thread"
     processes: int = 2
     max_hung: int = MAX_HUNG
-    _hung: HungCalls = field(default_factory=HungCalls, repr=False, compare=False)
-    _pool: ProcessCalls | None = field(default=None, repr=False, compare=False)
+    _hung: HungCalls = field(default_factory=HungCalls, init=False, repr=False, compare=False)
+    _pool: ProcessCalls | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.isolation not in ("thread", "process", "inline"):
@@ -248,7 +248,7 @@ class FunctionTool:
                 f"tool {self.name}: isolation='inline' is for async functions (a sync one "
                 "would block the rollout's event loop)"
             )
-        if self.isolation == "process" and self._pool is None:
+        if self.isolation == "process":
             self._pool = ProcessCalls(self.fn, self.processes)
 
     def __reduce__(self) -> tuple[Any, ...]:

@@ -1,7 +1,8 @@
 """Tools by name or import path, for recipes: ``task.tools: [calculator, python, ...]``.
 
 An entry is a name or import path, or a mapping with ``name`` and the options of a tool
-factory (``{name: python, timeout_s: 5}``). A name resolves, in order, to a tool the task
+factory (``{name: python, timeout_s: 5}``) or of a `@tool` (`FUNCTION_TOOL_OPTIONS`:
+``{name: calculator, isolation: process}``). A name resolves, in order, to a tool the task
 itself provides (its ``search`` over its own corpus), a registered tool (`TOOLS`), or an
 import path / file (``my_pkg.tools:convert``, ``my_tools.py:convert``). What it names is a
 `Tool` (used as is), or a factory called with the options, returning one tool or several
@@ -10,13 +11,17 @@ import path / file (``my_pkg.tools:convert``, ``my_tools.py:convert``). What it 
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from agentr1.registry import Registry, UnknownNameError, is_reference
-from agentr1.tools.base import Tool
+from agentr1.tools.base import FunctionTool, Tool
+
+FUNCTION_TOOL_OPTIONS = ("timeout_s", "isolation", "processes", "max_hung")
+"""What a recipe may set on a `@tool` (``{name: calculator, isolation: process}``)."""
 
 TOOLS: Registry[Any] = Registry(
     "tool",
@@ -76,6 +81,14 @@ def resolve_tool(
             f"unknown tool {name!r}: not a tool of this task ({mine}) nor a registered one "
             f"({', '.join(TOOLS.names())}), or an import path such as 'my_pkg.tools:name'"
         ) from None
+    if isinstance(obj, FunctionTool) and options:
+        bad = sorted(set(options) - set(FUNCTION_TOOL_OPTIONS))
+        if bad:
+            raise ValueError(
+                f"tool {name!r}: unknown option(s) {', '.join(bad)}; a @tool takes "
+                f"{', '.join(FUNCTION_TOOL_OPTIONS)}"
+            )
+        return [dataclasses.replace(obj, **options)]
     if _is_tool(obj):
         if options:
             raise ValueError(f"tool {name!r} is a ready tool and takes no options ({options})")

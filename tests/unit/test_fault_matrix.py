@@ -325,3 +325,15 @@ def test_keyboard_interrupt_in_a_tool_costs_the_call() -> None:
     first, second = res.tool_results
     assert first.metadata["error"] == "tool_exception" and "KeyboardInterrupt" in first.content
     assert second.ok and second.content == "6"
+
+
+def test_a_recipe_sets_where_a_tool_runs() -> None:
+    """``task.tools: [{name: calculator, isolation: process}]``: a copy with the options;
+    an unknown option is refused naming the valid ones."""
+    from agentr1.tools.registry import resolve_tool
+
+    (t,) = resolve_tool({"name": "calculator", "isolation": "process", "timeout_s": 3})
+    assert t.isolation == "process" and t.timeout_s == 3 and calculator.isolation == "thread"
+    assert t._pool is not None and t._pool.target == ("agentr1.tools.calculator", "calculator")
+    with pytest.raises(ValueError, match=r"unknown option.*isolation, processes"):
+        resolve_tool({"name": "calculator", "sandbox": True})
