@@ -12,12 +12,18 @@ Imports no torch.
 
 from agentr1.data.files import Loader, files_corpus, resolve_entry, sample_questions, wiki_files
 from agentr1.data.formats import (
+    ANSWER_KEYS,
     CORPUS_FORMATS,
+    ID_KEYS,
     QA_FORMATS,
+    QUESTION_KEYS,
     DataFormatError,
     LoadResult,
+    OnError,
     Paragraph,
     QASample,
+    Unanswerable,
+    check_on_error,
     default_data_dir,
     detect_format,
     infer_dataset,
@@ -26,6 +32,7 @@ from agentr1.data.formats import (
     load_dataset_name,
     load_file,
     paragraph_id,
+    parse_fields,
     qa_files,
 )
 from agentr1.data.splits import (
@@ -37,13 +44,19 @@ from agentr1.data.splits import (
 )
 
 __all__ = [
+    "ANSWER_KEYS",
     "CORPUS_FORMATS",
+    "ID_KEYS",
     "QA_FORMATS",
+    "QUESTION_KEYS",
     "DataFormatError",
     "LoadResult",
     "Loader",
+    "OnError",
     "Paragraph",
     "QASample",
+    "Unanswerable",
+    "check_on_error",
     "corpus_paragraphs",
     "dedupe",
     "default_data_dir",
@@ -56,6 +69,7 @@ __all__ = [
     "load_file",
     "normalize_question",
     "paragraph_id",
+    "parse_fields",
     "qa_files",
     "resolve_entry",
     "sample_questions",

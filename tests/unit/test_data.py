@@ -241,9 +241,9 @@ def qa(idx: int, question: str = "Who?", answer: object = "Ann") -> dict:
 
 def test_bad_json_line_names_file_and_line(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "bad.jsonl", [qa(1), "{not json", qa(3)])
-    with pytest.raises(DataFormatError, match=r"bad\.jsonl, line 2: invalid JSON") as e:
+    with pytest.raises(DataFormatError, match=r"bad\.jsonl, line 2, column 2: invalid JSON") as e:
         load_file(path)
-    assert e.value.line == 2 and e.value.path == path
+    assert (e.value.line, e.value.column, e.value.path) == (2, 2, path)
 
 
 def test_missing_question_names_field(tmp_path: Path) -> None:
@@ -349,7 +349,7 @@ def test_skip_mode_reports_what_it_dropped(
     assert "skipped 2 malformed record(s)" in caplog.text
     path = write_jsonl(tmp_path / "first.jsonl", ["{", qa(2)])  # format from the first good one
     assert [s.id for s in load_file(path, on_error="skip")] == ["first:2"]
-    with pytest.raises(DataFormatError, match="line 1: invalid JSON"):
+    with pytest.raises(DataFormatError, match="line 1, column 2: invalid JSON"):
         load_file(path)
 
 
