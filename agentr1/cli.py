@@ -6,12 +6,24 @@ subcommands plug-ins add (``qa-eval``, `agentr1.tasks.registry.COMMANDS`).
     agentr1 train RECIPE.yaml --resume          continue from the newest checkpoint
     agentr1 eval RECIPE.yaml --model runs/demo/final_model   any task's eval splits
     agentr1 qa-eval --model smollm2-135m-instruct --dataset hotpotqa --max-tasks 8
+    agentr1 eval --model M --data FOLDER --on-error skip   = qa-eval (question files given)
     agentr1 compare A/eval_episodes.jsonl B/eval_episodes.jsonl --where label=after
     agentr1 models prepare smollm2-135m-instruct
     agentr1 serve retriever --corpus passages.jsonl --kind bm25|dense|hybrid [--port 8765]
+    agentr1 serve retriever --data hotpotqa musique --on-error skip
 
 Overrides are ``section.field=value`` (YAML values); the config is validated before any
 work starts, and a bad value stops the run with a message naming the field.
+
+``agentr1 eval`` with question files (``--data``, ``--dataset`` or another option of the
+QA evaluation: `_QA_EVAL_FLAGS`) and no recipe runs ``agentr1 qa-eval`` with the same
+options, saying so on stderr: evaluating a file of questions needs no recipe.
+
+Bad input files: ``--on-error fail|skip`` on ``eval``, ``qa-eval``, ``train`` and ``serve
+retriever``. "fail" (the default) stops at the first malformed record or unreadable file,
+naming file, line and field; "skip" leaves it out and reports each one with file, line and
+reason (log; ``results.json`` of an eval). On ``train`` and a recipe's ``eval`` it is the
+override ``task.config.on_error=...`` of a task that reads data files (``multihop_qa``).
 """
 
 from __future__ import annotations
@@ -26,7 +38,9 @@ from agentr1.configutil import ConfigError
 
 
 def _train(recipe: str | None, overrides: list[str], resume: bool) -> int:
+    """``agentr1 train`` / ``demo``: load the config (overrides applied), then train."""
     from agentr1.config import load_config
+    from agentr1.data import DataFormatError
     from agentr1.trainer.loop import train
 
     try:
@@ -35,7 +49,14 @@ def _train(recipe: str | None, overrides: list[str], resume: bool) -> int:
     except ConfigError as e:
         print(f"agentr1: {e}", file=sys.stderr)
         return 2
+    except DataFormatError as e:
+        print(f"agentr1: {e}", file=sys.stderr)
+        print(_SKIP_HINT, file=sys.stderr)
+        return 2
     return 0
+
+
+_SKIP_HINT = "(--on-error skip leaves out bad records and unreadable files, reporting each)"
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -43,14 +64,18 @@ def _eval(args: argparse.Namespace) -> int:
     from agentr1.config import load_config
     from agentr1.trainer.evaluation import evaluate
 
-    overrides = list(args.overrides)
+    overrides = [*args.overrides, *_on_error_override(args)]
     if args.model:
         overrides.append(f"model.path={args.model}")
+    from agentr1.data import DataFormatError
+
     try:
         cfg = load_config(args.recipe, overrides)
         evaluate(cfg, splits=args.split or None, out=args.out)
     except (ConfigError, OSError, ValueError) as e:
         print(f"agentr1 eval: {e}", file=sys.stderr)
+        if isinstance(e, DataFormatError):
+            print(_SKIP_HINT, file=sys.stderr)
         return 2
     md = Path(args.out) / "results.md"
     print(md.read_text(encoding="utf-8"))
@@ -87,19 +112,55 @@ def _add_eval_parser(sub: Any) -> None:
     p.add_argument("--model", default=None, help="model dir, hub id or alias (model.path)")
     p.add_argument("--split", nargs="+", default=None, help="splits (default: the task's)")
     p.add_argument("--out", default="runs/eval", help="writes results.md / .json, episodes.jsonl")
+    _add_on_error(p, "task.config.on_error of a task that reads data files (multihop_qa)")
 
 
-def data_corpus(entries: list[str], data_dir: str | None, wiki: bool) -> list[Any]:
+def _add_on_error(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument(
+        "--on-error",
+        choices=["fail", "skip"],
+        default=None,
+        help=f"skip: leave out bad records and unreadable files, each logged; fail: stop "
+        f"at the first ({what})",
+    )
+
+
+def _on_error_override(args: argparse.Namespace) -> list[str]:
+    """``--on-error X`` of ``train`` / ``eval`` as the override it stands for."""
+    return [f"task.config.on_error={args.on_error}"] if args.on_error else []
+
+
+def data_corpus(
+    entries: list[str], data_dir: str | None, wiki: bool, on_error: str = "fail"
+) -> list[Any]:
     """The corpus a QA run builds from question files: every context paragraph of the
     files (or dataset folders) ``entries`` under ``data_dir`` (default: the raw data
     root), plus the Wikipedia distractors with ``wiki``; ids as in training
-    (`agentr1.data.paragraph_id`), so a served corpus matches an in-process one."""
+    (`agentr1.data.paragraph_id`), so a served corpus matches an in-process one. With
+    ``on_error="skip"`` bad records and unreadable files are left out, each logged.
+
+    Raises:
+        ValueError: the corpus is empty (naming the files and the options that give one).
+    """
     from agentr1.data import Loader, default_data_dir, files_corpus, resolve_entry
 
     root = Path(data_dir).expanduser() if data_dir else default_data_dir()
-    load = Loader()
+    load = Loader(on_error)  # type: ignore[arg-type]  # "fail" | "skip": argparse choices
     files = [p for e in entries for p in resolve_entry(e, root, "--data", load)]
-    return files_corpus(files, root, wiki, load)
+    passages = files_corpus(files, root, wiki, load)
+    if load.skipped:
+        logging.getLogger(__name__).warning(
+            "--data: left out %d malformed record(s) or file(s), each logged above",
+            len(load.skipped),
+        )
+    if not passages:
+        raise ValueError(
+            f"--data: the corpus is empty: it is the context paragraphs of "
+            f"{', '.join(str(p) for p in dict.fromkeys(files))}, and none has any "
+            f"(question-only files); name files with context, add --wiki (the Wikipedia "
+            f"files under {root / 'wikipedia'}), or give --corpus passages.jsonl"
+        )
+    return passages
 
 
 def _serve_retriever(args: argparse.Namespace) -> int:
@@ -111,7 +172,7 @@ def _serve_retriever(args: argparse.Namespace) -> int:
         if args.corpus:
             passages = load_corpus_jsonl(args.corpus)
         else:
-            passages = data_corpus(args.data, args.data_dir, args.wiki)
+            passages = data_corpus(args.data, args.data_dir, args.wiki, args.on_error)
     except (OSError, ValueError) as e:
         print(f"agentr1: {e}", file=sys.stderr)
         return 2
@@ -140,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     p_train.add_argument("recipe")
     p_train.add_argument("overrides", nargs="*", help="section.field=value")
     p_train.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    _add_on_error(p_train, "task.config.on_error of a task that reads data files (multihop_qa)")
     p_models = sub.add_parser("models", help="prepare offline models")
     p_models.add_argument("action", choices=["prepare"])
     p_models.add_argument("name", choices=["smollm2-135m-instruct"])
@@ -174,6 +236,12 @@ def main(argv: list[str] | None = None) -> int:
     p_serve.add_argument(
         "--wiki", action="store_true", help="with --data: add the Wikipedia extras"
     )
+    p_serve.add_argument(
+        "--on-error",
+        choices=["fail", "skip"],
+        default="fail",
+        help="with --data: skip leaves out bad records and unreadable files, each logged",
+    )
     p_serve.add_argument("--kind", choices=["bm25", "dense", "hybrid"], default="bm25")
     p_serve.add_argument("--model", default=None, help="dense model dir or hub id")
     p_serve.add_argument("--host", default="127.0.0.1", help="interface (no auth: keep loopback)")
@@ -183,12 +251,18 @@ def main(argv: list[str] | None = None) -> int:
     p_serve.add_argument("--max-top-k", type=int, default=50)
     plugins = _add_plugin_commands(sub)
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["eval"] and any(a in _QA_EVAL_FLAGS for a in argv):
-        print(
-            "agentr1: the paper's QA evaluation is `agentr1 qa-eval` (same options)",
-            file=sys.stderr,
-        )
-        return 2
+    if argv[:1] == ["eval"] and any(a.split("=")[0] in _QA_EVAL_FLAGS for a in argv):
+        if any(a.endswith((".yaml", ".yml")) for a in argv):
+            print(
+                "agentr1 eval: a recipe's eval takes its questions from the recipe "
+                "(task.config); question files (--data, --dataset) are evaluated without "
+                "one: `agentr1 eval --model M --data FILES` (the same as `agentr1 qa-eval`)",
+                file=sys.stderr,
+            )
+            return 2
+        if "qa-eval" in plugins:
+            print("agentr1 eval: question files given: running `agentr1 qa-eval`", file=sys.stderr)
+            argv = ["qa-eval", *argv[1:]]
     # Overrides may follow options too (`eval r.yaml --model m task.config.x=1`).
     args, extra = parser.parse_known_args(argv)
     if extra:
@@ -211,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "demo":
         return _train(None, args.overrides, args.resume)
     if args.cmd == "train":
-        return _train(args.recipe, args.overrides, args.resume)
+        return _train(args.recipe, [*args.overrides, *_on_error_override(args)], args.resume)
     if args.cmd == "models":
         from pathlib import Path
 
@@ -231,8 +305,17 @@ def main(argv: list[str] | None = None) -> int:
     return 1
 
 
-_QA_EVAL_FLAGS = ("--dataset", "--data", "--method", "--retriever", "--corpus")
-"""Options of the old QA-only ``agentr1 eval``, now ``agentr1 qa-eval``."""
+_QA_EVAL_FLAGS = (
+    "--dataset",
+    "--data",
+    "--method",
+    "--retriever",
+    "--corpus",
+    "--format",
+    "--fields",
+    "--unanswerable",
+)
+"""Options only the QA evaluation has: ``agentr1 eval`` with one runs ``agentr1 qa-eval``."""
 
 
 def _add_plugin_commands(sub: Any) -> dict[str, Any]:

@@ -88,6 +88,54 @@ def test_eval_errors_name_the_file(tmp_path: Path, capsys: pytest.CaptureFixture
     assert rc == 2 and "bm42" in err
 
 
+def test_eval_data_folder_skips_an_unreadable_file_and_names_it(
+    tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`agentr1 eval --data FOLDER --on-error skip` (no recipe: the QA evaluation) evaluates
+    the good file and reports the one it cannot read, in the log and results.json."""
+    folder = tmp_path / "mine"
+    write_jsonl(folder / "good.jsonl", [ircot_record(i) for i in range(3)])
+    (folder / "bad.jsonl").write_bytes(b'{"question": "caf\xe9?", "answer": "x"}\n')  # Latin-1
+    out = tmp_path / "out"
+    args = [
+        "eval", "--model", str(tiny_model), "--data", str(folder), "--method", "naive_rag",
+        "--max-tokens-per-turn", "4", "--data-dir", str(tmp_path), "--out", str(out),
+    ]  # fmt: skip  # the default corpus: the data dir's contexts, whose scan meets bad.jsonl
+    rc = main(args)
+    _, err = capsys.readouterr()
+    assert rc == 2 and "bad.jsonl, line 1, byte offset 17: not UTF-8 (byte 0xe9)" in err
+    assert "--on-error skip" in err  # the way past it
+    rc = main([*args, "--on-error", "skip"])
+    _, err = capsys.readouterr()
+    assert rc == 0, err
+    assert "running `agentr1 qa-eval`" in err and "skipped: " in err and "bad.jsonl" in err
+    res = json.loads((out / "results.json").read_text())
+    assert [(r["dataset"], r["n"]) for r in res["rows"]] == [("mine", 3)]
+    assert res["meta"]["files"] == {"mine": [str(folder / "good.jsonl")]}
+    (skipped,) = res["meta"]["skipped"]
+    assert skipped["file"] == str(folder / "bad.jsonl") and skipped["line"] == 1
+    assert "not UTF-8" in skipped["reason"]  # once, though both the data and the corpus scan met it
+    assert res["meta"]["corpus_passages"] == 9
+    assert (
+        "Left out: 1 malformed record(s) or unreadable file(s)" in (out / "results.md").read_text()
+    )
+
+
+def test_eval_bad_records_and_empty_corpus_are_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    qonly = write_jsonl(tmp_path / "open" / "q.jsonl", [{"Question": "Q?", "answer": ["A"]}])
+    rc, _, err = run_cli(["--model", "x", "--data", qonly, "--corpus", "eval"], capsys)
+    assert rc == 2 and "--corpus eval: the corpus is empty" in err and "q.jsonl" in err
+    assert "--corpus contexts+wiki" in err and "--retriever http://" in err
+    rc, _, err = run_cli(["--model", "x", "--fields", "question=Q", "--data", qonly], capsys)
+    assert rc == 2 and "--fields: answers must be named" in err
+    rc = main(["eval", "recipe.yaml", "--data", qonly])
+    assert rc == 2 and "a recipe's eval takes its questions from the recipe" in (
+        capsys.readouterr().err
+    )
+
+
 # ------------------------------------------------------------------ baselines
 
 

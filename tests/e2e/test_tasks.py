@@ -369,7 +369,8 @@ def test_agentr1_eval_runs_any_task(
     assert res["results"]["greedy"]["test"]["all"]["n"] == 6.0
     lines = (out / "episodes.jsonl").read_text().splitlines()
     assert len(lines) == 6 and "correct" in json.loads(lines[0])
-    rc = main(["eval", "--model", "x", "--dataset", "hotpotqa"])
+    # QA question files with a recipe: said (without a recipe they run `agentr1 qa-eval`)
+    rc = main(["eval", str(user_task / "recipe.yaml"), "--model", "x", "--dataset", "hotpotqa"])
     assert rc == 2 and "agentr1 qa-eval" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["eval", str(user_task / "recipe.yaml"), "--nope"])

@@ -3,6 +3,10 @@ a command the multi-hop QA plug-in adds to the CLI (`agentr1.tasks.registry.COMM
 
     agentr1 qa-eval --model smollm2-135m-instruct --method both --dataset hotpotqa 2wiki musique
     agentr1 qa-eval --model runs/multihop_smollm2/final_model --data my_questions.jsonl
+    agentr1 qa-eval --model M --data my_folder/ --on-error skip      # bad records reported
+    agentr1 qa-eval --model M --data q.jsonl --fields question=Question,answers=golden_answers
+
+``agentr1 eval --data ...`` (or ``--dataset``, ``--method``, ...) runs this command.
 """
 
 from __future__ import annotations
@@ -20,9 +24,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", nargs="+", required=True, help="model dir, hub id or alias")
     p.add_argument("--method", choices=["naive_rag", "tool_call", "both"], default="both")
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--data", nargs="+", metavar="FILE", help="question files")
+    src.add_argument("--data", nargs="+", metavar="PATH", help="question files, or folders of them")
     src.add_argument("--dataset", nargs="+", choices=["hotpotqa", "2wiki", "musique"])
     p.add_argument("--format", choices=QA_FORMATS, default=None, help="format of --data files")
+    p.add_argument(
+        "--fields",
+        default="",
+        metavar="NAME=KEY,...",
+        help="read --data files as question-only records with these keys "
+        "(names: question, answers, id), e.g. question=Question,answers=golden_answers",
+    )
+    p.add_argument(
+        "--on-error",
+        choices=["fail", "skip"],
+        default="fail",
+        help="skip: leave out bad records and unreadable files, each reported "
+        "(log and results.json); fail: stop at the first",
+    )
+    p.add_argument(
+        "--unanswerable",
+        choices=["skip", "keep"],
+        default="skip",
+        help="records marked unanswerable (MuSiQue): leave out and count, or keep",
+    )
     p.add_argument("--retriever", default="bm25", help="bm25 | dense | hybrid | http://URL")
     p.add_argument("--corpus", choices=["eval", "contexts", "contexts+wiki"], default="contexts")
     p.add_argument("--top-k", type=int, default=5)
@@ -42,6 +66,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """``agentr1 qa-eval``: Naive RAG and / or tool calling on QA files; writes the report."""
+    import json
     import shlex
 
     from agentr1.data import DataFormatError
@@ -54,6 +79,9 @@ def run(args: argparse.Namespace) -> int:
         datasets=tuple(args.dataset or ("hotpotqa", "2wiki", "musique")),
         data=tuple(args.data or ()),
         format=args.format,
+        fields=args.fields,
+        on_error=args.on_error,
+        unanswerable=args.unanswerable,
         retriever=args.retriever,
         corpus=args.corpus,
         top_k=args.top_k,
@@ -71,10 +99,17 @@ def run(args: argparse.Namespace) -> int:
     try:
         job.validate()
         _, js, md = run_job(job, "agentr1 " + shlex.join(sys.argv[1:]))
-    except (OSError, DataFormatError, ValueError) as e:
+    except DataFormatError as e:
+        print(f"agentr1 qa-eval: {e}", file=sys.stderr)
+        print("(--on-error skip leaves out bad records and unreadable files)", file=sys.stderr)
+        return 2
+    except (OSError, ValueError) as e:
         print(f"agentr1 qa-eval: {e}", file=sys.stderr)
         return 2
     print(md.read_text(encoding="utf-8"))
+    meta = json.loads(js.read_text(encoding="utf-8"))["meta"]
+    for rec in meta.get("skipped", []):
+        print(f"skipped: {rec['message']}", file=sys.stderr)
     print(f"wrote {js} and {md}")
     return 0
 

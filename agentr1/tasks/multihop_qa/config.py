@@ -63,6 +63,22 @@ class QATaskConfig:
     """Words kept of each passage's text in a search result; 0 = the whole passage. The
     real corpus's passages average ~130 tokens (p99 ~380), so two long ones can fill a
     small context; 80 words keep the answer string of 95% of supporting passages."""
+    on_error: Literal["fail", "skip"] = "fail"
+    """"fail": a malformed record or a file that cannot be read stops the run, naming the
+    file, line and field; "skip": it is left out and logged with file, line and reason
+    (a bad record costs only itself, an unreadable file in a dataset folder only itself).
+    ``agentr1 train --on-error skip`` sets it."""
+    fields: dict[str, str] = field(default_factory=dict)
+    """Read every train and eval file as question-only records with these keys: name ->
+    key, names ``question``, ``answers`` (both required) and ``id``, keys dotted to reach
+    into objects, e.g. ``{question: Question, answers: golden_answers}``. Empty = detect
+    each file's format. Such files bring no context paragraphs: the corpus must come from
+    other files, ``corpus: contexts+wiki`` or a retriever URL."""
+    unanswerable: Literal["skip", "keep"] = "skip"
+    """Records the data marks unanswerable (MuSiQue's ``answerable: false``): "skip" leaves
+    them out, counted in the log; "keep" keeps them, answers as the file gives them and
+    ``answerable: False`` in the task metadata (their paragraphs do not support the
+    answer, so their EM says what the model knows, not what it read)."""
 
     @property
     def eval_files(self) -> dict[str, list[str]]:
@@ -92,5 +108,12 @@ class QATaskConfig:
             errors.append(
                 f"retriever={self.retriever!r}: use one of {', '.join(kinds)} or an http:// URL"
             )
+        if self.fields:
+            from agentr1.data import parse_fields
+
+            try:
+                parse_fields(self.fields, "fields")
+            except ValueError as e:
+                errors.append(str(e))
         if errors:
             raise ValueError("; ".join(errors))

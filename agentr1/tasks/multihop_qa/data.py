@@ -11,16 +11,21 @@ Split rules (`load_qa_data`):
 3. The corpus is every context paragraph of every record of every loaded file, train and
    eval (plus the Wikipedia distractors with ``corpus: contexts+wiki``): it does not
    depend on n_train, n_eval or the seed, so dense embeddings are computed once.
+
+Files are read under ``task.config``'s ``on_error``, ``fields`` and ``unanswerable``
+(`agentr1.data.Loader`); what was left out is logged, record by record, and kept in
+`QAData.skipped`.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from agentr1.data import (
+    DataFormatError,
     Loader,
     QASample,
     dedupe,
@@ -45,11 +50,15 @@ class QAData:
         tasks: "train" and one entry per eval split -> tasks (disjoint from "train").
         passages: the retrieval corpus (ids = `agentr1.data.paragraph_id`).
         files: the same keys -> the files they were read from.
+        skipped: the records and files left out with ``on_error: skip``.
+        unanswerable: file -> ids of the records left out as unanswerable.
     """
 
     tasks: dict[str, list[Task]]
     passages: list[Passage]
     files: dict[str, list[Path]]
+    skipped: list[DataFormatError] = field(default_factory=list)
+    unanswerable: dict[Path, list[str]] = field(default_factory=dict)
 
 
 def data_root(qa: QATaskConfig) -> Path:
@@ -63,14 +72,18 @@ def _keys(s: QASample) -> tuple[str, str]:
 
 def load_qa_data(qa: QATaskConfig, load: Loader | None = None) -> QAData:
     """Questions per split and the corpus, by the rules in the module docstring. ``load``
-    keeps what it read for the caller (files the caller reads again are not parsed twice).
+    keeps what it read for the caller (files the caller reads again are not parsed twice);
+    by default a `Loader` with ``qa``'s read policy.
 
     Raises:
         FileNotFoundError: an entry that names no file (see `resolve_entry`).
-        agentr1.data.DataFormatError: a malformed file (names the file and record).
+        agentr1.data.DataFormatError: a malformed file (names the file and record), with
+            ``on_error: fail``.
+        ValueError: no training question left, or an empty corpus for a local retriever
+            (naming the files and the settings that give one).
     """
     root = data_root(qa)
-    load = load or Loader()
+    load = load or Loader(qa.on_error, fields=qa.fields or None, unanswerable=qa.unanswerable)
     files: dict[str, list[Path]] = {}
     tasks: dict[str, list[Task]] = {}
     held_out: set[str] = set()
@@ -94,9 +107,24 @@ def load_qa_data(qa: QATaskConfig, load: Loader | None = None) -> QAData:
     tasks = {"train": [s.to_task() for s in train], **tasks}
     if not tasks["train"]:
         raise ValueError(f"task.config.train: no training question left (files: {files['train']})")
-    every = (p for ps in files.values() for p in ps)
+    every = [p for ps in files.values() for p in ps]
     passages = files_corpus(every, root, qa.corpus == "contexts+wiki", load)
-    return QAData(tasks, passages, files)
+    if not passages and not qa.retriever.startswith(("http://", "https://")):
+        raise ValueError(
+            f"task.config.corpus={qa.corpus!r}: the corpus is the context paragraphs of the "
+            f"loaded files ({', '.join(str(p) for p in dict.fromkeys(every))}), and none has "
+            "any (question-only files); add a file with context to task.config.train or "
+            "eval, set task.config.corpus: contexts+wiki (the Wikipedia files under "
+            f"{root / 'wikipedia'}), or task.config.retriever: the http:// URL of an "
+            "`agentr1 serve retriever` that holds a corpus"
+        )
+    if load.skipped:
+        log.warning(
+            "qa: left out %d malformed record(s) or file(s) (task.config.on_error: skip), "
+            "each logged above",
+            len(load.skipped),
+        )
+    return QAData(tasks, passages, files, list(load.skipped), dict(load.unanswerable))
 
 
 def assert_disjoint(tasks: Mapping[str, Sequence[Task]]) -> None:

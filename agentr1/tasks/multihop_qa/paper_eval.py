@@ -9,6 +9,13 @@ the behaviour behind the numbers: cover-EM, mean turns, tool calls and stop reas
 Questions: every record of each file, deduplicated; ``max_tasks`` keeps a seeded sample
 by the same rule as training runs' eval splits (`agentr1.data.sample_questions`),
 so ``--max-tasks 100`` evaluates the questions a ``n_eval: 100`` recipe evaluates.
+A ``--data`` folder stands for every question file in it, each its own column.
+
+Bad input: with ``on_error="skip"`` a malformed record, or a file that cannot be read
+(in a ``--data`` folder or in the corpus scan of the data directory), is left out and
+logged with its file, line and reason; ``results.json`` lists each under
+``meta.skipped`` and counts the unanswerable records left out under
+``meta.unanswerable``.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from agentr1.eval.evaluate import EvalResult, episode_record
 from agentr1.fileio import write_atomic
@@ -46,8 +53,13 @@ class EvalJob:
         models: local directories, hub ids or aliases; one row group each.
         methods: names in `METHODS`.
         datasets: named eval sets (keys of `QA_EVAL_FILES`), used when ``data`` is empty.
-        data: question files; the column is the file's dataset (its stem on a clash).
+        data: question files or folders of them; the column is a file's dataset (its
+            stem on a clash).
         format: the format of every ``data`` file (None: detected per file).
+        fields: ``NAME=KEY,...`` to read every ``data`` file as question-only records
+            (`agentr1.data.parse_fields`); "" = detect the format.
+        on_error: "fail" or "skip" (see the module docstring).
+        unanswerable: "skip" or "keep" records marked unanswerable (`agentr1.data.load`).
         retriever: "bm25", "dense", "hybrid" or an http:// URL.
         corpus: one of `CORPORA`.
         top_k: passages per search / in the Naive RAG prompt.
@@ -66,6 +78,9 @@ class EvalJob:
     datasets: tuple[str, ...] = ("hotpotqa", "2wiki", "musique")
     data: tuple[str, ...] = ()
     format: str | None = None
+    fields: str = ""
+    on_error: Literal["fail", "skip"] = "fail"
+    unanswerable: Literal["skip", "keep"] = "skip"
     retriever: str = "bm25"
     corpus: str = "contexts"
     top_k: int = 5
@@ -98,6 +113,19 @@ class EvalJob:
             errors.append("top_k must be >= 1, max_tasks >= 0 and passage_words >= 0")
         if self.chat_template not in ("qwen2.5", "model"):
             errors.append(f"chat_template {self.chat_template!r}: use qwen2.5 or model")
+        if self.on_error not in ("fail", "skip"):
+            errors.append(f"on_error {self.on_error!r}: use fail or skip")
+        if self.unanswerable not in ("skip", "keep"):
+            errors.append(f"unanswerable {self.unanswerable!r}: use skip or keep")
+        if self.fields:
+            from agentr1.data import parse_fields
+
+            if not self.data:
+                errors.append("fields: applies to --data files; name some with --data")
+            try:
+                parse_fields(self.fields, "--fields")
+            except ValueError as e:
+                errors.append(str(e))
         if errors:
             raise ValueError("; ".join(errors))
 
@@ -191,14 +219,21 @@ def behaviour_table(rows: Sequence[ResultRow]) -> str:
 
 
 def markdown_report(rows: Sequence[ResultRow], meta: dict[str, Any]) -> str:
-    """``results.md``: both tables plus the command and the setting."""
+    """``results.md``: both tables plus the command, the setting and what was left out."""
+    left_out = ""
+    if meta.get("skipped") or meta.get("unanswerable"):
+        left_out = (
+            f"\n\nLeft out: {len(meta.get('skipped', []))} malformed record(s) or unreadable "
+            f"file(s), {sum(meta.get('unanswerable', {}).values())} unanswerable record(s) "
+            "(listed in results.json, meta.skipped and meta.unanswerable)."
+        )
     return "\n\n".join(
         [
             "# Evaluation",
             f"Command: `{meta.get('command', '')}`",
             f"Retriever {meta['retriever']} top-{meta['top_k']} over {meta['corpus_passages']} "
             f"passages (corpus: {meta['corpus']}); greedy; at most {meta['max_turns']} turns "
-            f"of {meta['max_tokens_per_turn']} tokens, {meta['max_context']} in all.",
+            f"of {meta['max_tokens_per_turn']} tokens, {meta['max_context']} in all." + left_out,
             "## Exact match [F1]",
             paper_table(rows),
             "## Behaviour",
@@ -225,20 +260,24 @@ def write_results(
 
 @dataclass
 class EvalData:
-    """Questions per dataset column, the files they came from, and the corpus."""
+    """Questions per dataset column, the files they came from, the corpus, and what was
+    left out (`agentr1.data.Loader.report`: ``skipped``, ``unanswerable``)."""
 
     tasks: dict[str, list[Task]]
     files: dict[str, list[Path]]
     passages: list[Passage] = field(default_factory=list)
+    left_out: dict[str, Any] = field(default_factory=dict)
 
 
 def load_eval_data(job: EvalJob) -> EvalData:
     """Columns -> tasks (see the module docstring) and the corpus of ``job.corpus``.
 
     Raises:
-        FileNotFoundError: a ``data`` file or a named dataset's file that does not exist.
+        FileNotFoundError: a ``data`` entry that does not exist or a folder with no question
+            file, or a named dataset's file that does not exist.
         agentr1.data.DataFormatError: a file in no known format or a bad record (names the
-            file and the record).
+            file and the record), with ``on_error="fail"``.
+        ValueError: no question left to evaluate, or an empty corpus for a local retriever.
     """
     from agentr1.data import (
         Loader,
@@ -246,27 +285,39 @@ def load_eval_data(job: EvalJob) -> EvalData:
         corpus_paragraphs,
         dedupe,
         default_data_dir,
-        infer_dataset,
-        load,
-        qa_files,
         sample_questions,
         wiki_files,
     )
 
     root = Path(job.data_dir).expanduser() if job.data_dir else default_data_dir()
+    # --format and --fields are about the --data files; the rest is read as detected.
+    given = Loader(
+        job.on_error, fields=job.fields or None, unanswerable=job.unanswerable, format=job.format
+    )
+    loader = Loader(job.on_error, unanswerable=job.unanswerable)
     files: dict[str, list[Path]] = {}
     samples_by: dict[str, list[QASample]] = {}
     if job.data:
         for f in job.data:
             path = Path(f).expanduser()
-            if not path.is_file():
-                raise FileNotFoundError(f"--data {f}: no such file")
-            res = load(path, job.format)
-            name = infer_dataset(path, res.format)
-            if name in files:
-                name = path.stem
-            files[name] = [path]
-            samples_by[name] = res.samples
+            if path.is_dir():
+                paths = given.scan(path)
+                if not paths:
+                    raise FileNotFoundError(f"--data {f}: no question file in this folder")
+            elif path.is_file():
+                paths = [path]
+            else:
+                raise FileNotFoundError(f"--data {f}: no such file or folder")
+            for p in paths:
+                samples = given(p)
+                if not samples:
+                    log.warning("--data %s: no question read from %s; no column for it", f, p)
+                    continue
+                name = samples[0].dataset
+                if name in files:
+                    name = p.stem
+                files[name] = [p]
+                samples_by[name] = samples
     else:
         for name in job.datasets:
             paths = [root / rel for rel in QA_EVAL_FILES[name]]
@@ -274,7 +325,12 @@ def load_eval_data(job: EvalJob) -> EvalData:
                 if not p.is_file():
                     raise FileNotFoundError(f"--dataset {name}: {p} is missing")
             files[name] = paths
-            samples_by[name] = [s for p in paths for s in load(p).samples]
+            samples_by[name] = [s for p in paths for s in loader(p)]
+    if not any(samples_by.values()):
+        raise ValueError(
+            f"no question to evaluate: every record of {', '.join(job.data or job.datasets)} "
+            f"was left out ({len(given.skipped)} skipped, see the log)"
+        )
     tasks = {}
     for name, samples in samples_by.items():
         chosen = sample_questions(dedupe(samples), job.max_tasks, job.seed, name)
@@ -282,14 +338,32 @@ def load_eval_data(job: EvalJob) -> EvalData:
     every = [s for ss in samples_by.values() for s in ss]
     extras: list[Path] = []
     if job.corpus != "eval":
-        loader = Loader()
         known = {p.resolve() for ps in files.values() for p in ps}
-        for p in qa_files(root) if root.is_dir() else []:
+        for p in loader.scan(root) if root.is_dir() else []:
             if p.resolve() not in known:
                 every += [s for s in loader(p) if s.context]
     if job.corpus == "contexts+wiki":
         extras = wiki_files(root)
-    return EvalData(tasks, files, corpus_paragraphs(every, extras))
+    passages = corpus_paragraphs(every, extras)
+    if not passages and not job.retriever.startswith(("http://", "https://")):
+        where = ", ".join(str(p) for ps in files.values() for p in ps)
+        if job.corpus != "eval":
+            where += f" and every question file under --data-dir {root}"
+        raise ValueError(
+            f"--corpus {job.corpus}: the corpus is empty: it is the context paragraphs of "
+            f"{where}, and none has any (question-only files). Use --corpus contexts with "
+            "--data-dir holding question files with context, --corpus contexts+wiki "
+            f"(the Wikipedia files under {root / 'wikipedia'}), or --retriever "
+            "http://HOST:PORT of an `agentr1 serve retriever` that holds a corpus"
+        )
+    reports = [given.report(), loader.report()]
+    # A file the corpus scan meets again is reported once.
+    skipped = {r["message"]: r for rep in reports for r in rep["skipped"]}
+    left_out = {
+        "skipped": list(skipped.values()),
+        "unanswerable": {k: v for rep in reports for k, v in rep["unanswerable"].items()},
+    }
+    return EvalData(tasks, files, passages, left_out)
 
 
 def _episode_lines(
@@ -381,6 +455,7 @@ def run_job(job: EvalJob, command: str = "") -> tuple[list[ResultRow], Path, Pat
         **dataclasses.asdict(job),
         "files": {k: [str(p) for p in v] for k, v in data.files.items()},
         "corpus_passages": len(data.passages),
+        **data.left_out,
         "seconds": time.perf_counter() - t0,
     }
     write_atomic(out_dir / "episodes.jsonl", "".join(e + "\n" for e in episodes))
