@@ -212,13 +212,13 @@ def test_outside_questions_read_each_file_once(
     # the eval file serves as a training file too: still one read
     qa = QAConfig(train=[train, dev], eval={"dev": [dev]}, n_eval=2, data_dir="/")
     reads: list[str] = []
-    real = qa_setup.load_file
+    real = qa_setup.load
 
-    def counting(path: Path) -> Any:
+    def counting(path: Path, *args: Any, **kwargs: Any) -> Any:
         reads.append(Path(path).name)
-        return real(path)
+        return real(path, *args, **kwargs)
 
-    monkeypatch.setattr(qa_setup, "load_file", counting)
+    monkeypatch.setattr(qa_setup, "load", counting)
     tasks, _ = outside_tasks(Config(task=qa_task(qa)), [outside], take=5)
     assert sorted(reads) == ["dev.jsonl", "hotpot_questions.jsonl", "train.jsonl"]
     assert [t.id for ts in tasks.values() for t in ts] == ["hotpot_questions:0"]
