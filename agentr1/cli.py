@@ -53,6 +53,11 @@ def _train(recipe: str | None, overrides: list[str], resume: bool) -> int:
         print(f"agentr1: {e}", file=sys.stderr)
         print(_SKIP_HINT, file=sys.stderr)
         return 2
+    except (OSError, ValueError) as e:
+        # A model, file or server that is not there: one line; the traceback at debug level.
+        logging.getLogger("agentr1").debug("train failed", exc_info=True)
+        print(f"agentr1: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -151,6 +151,10 @@ class SFTConfig:
     demos: int = 1500
     """Demonstration episodes, drawn from the task's demonstration sources (shared out
     evenly between them)."""
+    checkpoint_every: int = 250
+    """SFT steps between checkpoints of the warm start (``checkpoints/sft/``: weights,
+    AdamW state, batch order), so a run killed during SFT resumes inside it; 0 = only the
+    one when SFT ends. Removed once RL has a checkpoint of its own."""
     context_loss_weight: float = 1.0
     """Weight of a language-modelling loss on the demonstrations' context tokens (the
     question and the search results), added to the loss on the agent's own tokens. A tiny
@@ -247,13 +251,16 @@ class TrainConfig:
     run_dir: str = "runs/demo"
     """Where config, metrics, trajectories, checkpoints, plots and the report go."""
     checkpoint_every: int = 20
-    """Steps between atomic checkpoints (0 = none between the one after the warm start
-    and the one at the end)."""
+    """RL steps between atomic checkpoints, the first after the evaluation before RL
+    (step 0); 0 = one checkpoint only, at the end (a run killed before it resumes from
+    the end of the warm start, `sft.checkpoint_every`)."""
     keep_checkpoints: int = 2
     """Newest checkpoints kept on disk (>= 1); older ones are deleted once a newer one is
-    complete. Each holds the policy, its AdamW state and the reference (with a KL and no
-    LoRA): about 5x the policy's weights in fp32. The summary's ``checkpoint_bytes`` says
-    what the last one took."""
+    complete. Each holds the policy and its AdamW state (about 3x the policy's weights in
+    fp32), and the critic with GAE. The KL reference is not copied into each: it is the
+    base model (rebuilt from ``model.path``) or the warm start, written once as
+    ``checkpoints/reference.safetensors``. The summary's ``checkpoint_bytes`` says what
+    the last checkpoint took."""
     eval_every: int = 0
     """Steps between evaluations (0 = only before and after)."""
     keep_best: bool = False
@@ -343,6 +350,13 @@ class Config:
             errors.append("algo.kl_coef and algo.entropy_coef must be >= 0")
         if a.k3_linear_above is not None and not a.k3_linear_above > 0:
             errors.append(f"algo.k3_linear_above={a.k3_linear_above} must be > 0 or null")
+        if not self.model.path.strip():
+            errors.append(
+                'model.path is empty: give "tiny", a local model directory, a hub id or '
+                '"smollm2-135m-instruct"'
+            )
+        if self.sft.checkpoint_every < 0 or t.checkpoint_every < 0:
+            errors.append("sft.checkpoint_every and train.checkpoint_every must be >= 0")
         if t.keep_checkpoints < 1:
             errors.append(
                 f"train.keep_checkpoints={t.keep_checkpoints}: must be >= 1 (resume needs one)"

@@ -8,10 +8,14 @@ renamed into place, so a reader finds the old file or the new one, never a torn 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import shutil
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 
 def write_atomic(path: str | Path, text: str, durable: bool = False) -> None:
@@ -58,3 +62,22 @@ def read_jsonl(
                 if field not in rec:
                     raise ValueError(f"{path}:{lineno}: no field {field!r}")
             yield lineno, rec
+
+
+def remove_partial(root: str | Path) -> list[Path]:
+    """Remove what a writer killed mid-write left in ``root``: ``.tmp_step_*`` folders
+    (`save_checkpoint`) and ``.*.tmp`` files (`agentr1.fileio.write_atomic`); the paths
+    removed. Complete checkpoints are never touched."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    gone = []
+    for p in [*root.glob(".tmp_step_*"), *root.glob(".*.tmp")]:
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+        gone.append(p)
+    if gone:
+        log.info("removed %d partial file(s) a killed write left in %s", len(gone), root)
+    return gone

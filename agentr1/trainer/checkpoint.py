@@ -15,6 +15,7 @@ smaller than the newest checkpoint, it is refused before anything is written.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import shutil
@@ -25,7 +26,9 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from agentr1.fileio import write_atomic
+from agentr1.fileio import remove_partial, write_atomic
+
+log = logging.getLogger(__name__)
 
 STATE_FILE = "state.pt"
 META_FILE = "meta.json"
@@ -108,8 +111,7 @@ def save_checkpoint(
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:06d}"
     tmp = root / f".tmp_step_{step:06d}_{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    remove_partial(root)  # what a killed writer (any process) left
     last = latest_checkpoint(root)
     if last is not None:  # the last one's size predicts this one's
         need, free = _dir_bytes(last), shutil.disk_usage(root).free
@@ -140,6 +142,41 @@ def save_checkpoint(
     return final
 
 
+def save_weights_once(path: str | Path, module: torch.nn.Module) -> None:
+    """``module``'s weights to ``path`` (safetensors) through a temporary file and a
+    rename: for what a run writes once and every checkpoint points to (the reference)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        save_file(_weights(module), str(tmp))
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as e:
+        tmp.unlink(missing_ok=True)
+        raise write_failed(
+            path.parent, "the reference model", path, f"{type(e).__name__}: {e}"
+        ) from e
+
+
+def load_weights(path: str | Path, module: torch.nn.Module) -> None:
+    """Load a `save_weights_once` file (or a checkpoint's ``<name>.safetensors``) into
+    ``module``, checking the names match (tied weights saved once)."""
+    f = Path(path)
+    missing, unexpected = module.load_state_dict(load_file(str(f)), strict=False)
+    # Tied weights were saved once; anything else missing is a real mismatch.
+    tied = {k for k in missing if "lm_head" in k or "embed" in k}
+    if set(missing) - tied or unexpected:
+        raise ValueError(
+            f"{f}: weights do not match the model (missing {sorted(set(missing) - tied)[:5]}, "
+            f"unexpected {sorted(unexpected)[:5]})"
+        )
+    tie = getattr(module, "tie_weights", None)
+    if callable(tie):
+        tie()
+
+
 def update_checkpoint_meta(path: str | Path | None, meta: dict[str, Any]) -> None:
     """Merge ``meta`` into a written checkpoint's ``meta.json`` (atomically; the step is
     kept). For facts learnt after the weights were saved, e.g. the final eval."""
@@ -168,17 +205,7 @@ def load_checkpoint(
         f = path / f"{name}.safetensors"
         if not f.exists():
             raise FileNotFoundError(f"{f}: checkpoint has no weights for {name!r}")
-        missing, unexpected = module.load_state_dict(load_file(str(f)), strict=False)
-        # Tied weights were saved once; anything else missing is a real mismatch.
-        tied = {k for k in missing if "lm_head" in k or "embed" in k}
-        if set(missing) - tied or unexpected:
-            raise ValueError(
-                f"{f}: weights do not match the model (missing {sorted(set(missing) - tied)[:5]}, "
-                f"unexpected {sorted(unexpected)[:5]})"
-            )
-        tie = getattr(module, "tie_weights", None)
-        if callable(tie):
-            tie()
+        load_weights(f, module)
     states = torch.load(path / STATE_FILE, weights_only=True)
     meta = json.loads((path / META_FILE).read_text())
     return states, meta

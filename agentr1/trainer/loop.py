@@ -37,14 +37,16 @@ from agentr1.trainer.evaluation import eval_record, log_eval, run_eval
 from agentr1.trainer.run import RunDir
 from agentr1.trainer.scoring import update_batch
 from agentr1.trainer.setup import Setup, build_setup, train_autocast
-from agentr1.trainer.sft import warm_start
+from agentr1.trainer.sft import drop_sft_checkpoints, resume_warm_start
 from agentr1.trainer.state import (
     Timer,
     TrainState,
     checkpoint,
+    has_checkpoint,
     make_state,
     release_training_state,
     restore,
+    save_reference,
 )
 from agentr1.trainer.update import rl_update
 from agentr1.types import Trajectory, TrajectoryGroup
@@ -171,6 +173,9 @@ def train(
             used to simulate a killed run in tests.
     """
     t_start = time.perf_counter()
+    if resume and not has_checkpoint(cfg.train.run_dir):
+        log.warning("%s has no checkpoint to resume from: starting afresh", cfg.train.run_dir)
+        resume = False  # and what a killed attempt logged goes (fresh), not doubled
     run = RunDir(cfg.train.run_dir, _shown_config(cfg, task), fresh=not resume)
     setup = build_setup(cfg, task)
     state = make_state(setup)
@@ -179,7 +184,7 @@ def train(
     summary: dict[str, Any] = dict(meta.get("summary", {})) if meta else {}
     summary["task"] = setup.task.name
     if meta is None:
-        before_rl(state, run, summary)
+        before_rl(state, run, summary, resume)
     else:
         run.prepare_resume(state.step)
         if cfg.train.keep_best:
@@ -189,6 +194,7 @@ def train(
         return summary
     if cfg.train.checkpoint_every == 0 or state.step % cfg.train.checkpoint_every:
         checkpoint(state, run, {"summary": summary})  # on disk before the final eval
+    drop_sft_checkpoints(run)
     release_training_state(state)  # the eval needs only the policy and its sampler copy
     final_eval(setup, state.step, run, summary, last_eval)
     summary["minutes"] = (time.perf_counter() - t_start) / 60
@@ -205,20 +211,23 @@ def _shown_config(cfg: Config, task: TaskSpec | None) -> Config:
     return dataclasses.replace(cfg, task=given)
 
 
-def before_rl(state: TrainState, run: RunDir, summary: dict[str, Any]) -> None:
-    """A fresh run: the SFT warm start, the evaluation before RL, the step-0 checkpoint."""
+def before_rl(state: TrainState, run: RunDir, summary: dict[str, Any], resume: bool) -> None:
+    """A run with no RL checkpoint yet: the SFT warm start (continued from its own
+    checkpoint with ``resume``), the evaluation before RL, the step-0 checkpoint (none
+    with ``train.checkpoint_every: 0``)."""
     setup, cfg = state.setup, state.setup.cfg
     if cfg.sft.enabled:
-        summary["sft"] = warm_start(setup, run)
+        summary["sft"] = resume_warm_start(setup, run, resume)
     if cfg.eval.before:
         before = run_eval(setup, "before", run, 0)
         summary["eval_before"] = eval_record(before)
         run.log_metrics({"phase": "eval_before", **summary["eval_before"]})
         best.keep_if_best(setup, run, summary, before, 0)
     # Reference = the warm-started policy, so KL pulls toward it, not the random init.
-    if state.reference is not None:
-        state.reference.load_state_dict(setup.policy.state_dict())
-    checkpoint(state, run, {"summary": summary})
+    save_reference(state, run)
+    if cfg.train.checkpoint_every:
+        checkpoint(state, run, {"summary": summary})
+        drop_sft_checkpoints(run)
 
 
 def rl_steps(
@@ -274,7 +283,8 @@ def finish(setup: Setup, step: int, run: RunDir, summary: dict[str, Any]) -> Non
     summary["steps"] = step
     last = latest_checkpoint(run.ckpt_dir)
     if last is not None and last.name == f"step_{step:06d}":  # not an older one
-        update_checkpoint_meta(last, {"summary": summary})
+        # The logs as they end: extending the run keeps this final evaluation's episodes.
+        update_checkpoint_meta(last, {"summary": summary, "logs": run.log_sizes()})
     try:
         best.save_model(setup, run.dir / "final_model")
     except (OSError, RuntimeError) as e:

@@ -26,7 +26,7 @@ import yaml
 
 from agentr1 import configutil
 from agentr1.eval.evaluate import DEFAULT_METRICS, EvalResult, episode_record
-from agentr1.fileio import write_atomic
+from agentr1.fileio import remove_partial, write_atomic
 from agentr1.rollout.io import write_trajectories
 from agentr1.types import Task, Trajectory, TrajectoryGroup, json_line
 
@@ -89,9 +89,13 @@ class RunDir:
         "best_model",
     )
 
+    LOGS = ("metrics.jsonl", "rollouts.jsonl", "trajectories.jsonl", "eval_episodes.jsonl")
+    """The logs a run appends to; a checkpoint records their sizes (`log_sizes`)."""
+
     def __init__(self, path: str | Path, cfg: Any, fresh: bool) -> None:
         self.dir = Path(path)
         self.dir.mkdir(parents=True, exist_ok=True)
+        remove_partial(self.dir)
         if fresh:  # remove only what a previous run of ours wrote here
             for name in self.OWNED:
                 p = self.dir / name
@@ -102,7 +106,14 @@ class RunDir:
         (self.dir / "config.yaml").write_text(
             yaml.safe_dump(configutil.to_dict(cfg), sort_keys=False)
         )
-        self.ckpt_dir = self.dir / "checkpoints"
+        self.ckpt_dir = self.checkpoints_of(self.dir)
+        for d in (self.ckpt_dir, self.ckpt_dir / "sft"):
+            remove_partial(d)
+
+    @staticmethod
+    def checkpoints_of(run_dir: str | Path) -> Path:
+        """The checkpoint folder of a run directory."""
+        return Path(run_dir) / "checkpoints"
 
     def log_metrics(self, record: dict[str, Any]) -> None:
         """Append one row to ``metrics.jsonl``, stamped with ``wall_time`` (Unix seconds)."""
@@ -140,6 +151,32 @@ class RunDir:
                 rec["process_reward"] = sum(t.step_rewards)
                 rec["advantage"] = adv
                 f.write(json_line(rec) + "\n")
+
+    def log_sizes(self) -> dict[str, int]:
+        """Bytes of each log (`LOGS`) now: what a checkpoint records, so that a resume
+        from it drops whatever a killed attempt logged after it (`truncate_logs`)."""
+        return {n: (self.dir / n).stat().st_size for n in self.LOGS if (self.dir / n).exists()}
+
+    def truncate_logs(self, sizes: dict[str, int] | None) -> None:
+        """Cut each log back to its size in ``sizes`` (a checkpoint's `log_sizes`; a log
+        it does not list did not exist then and is removed): the rows, episodes and
+        torn last line a killed attempt wrote after the checkpoint go, so a resumed run
+        logs each step, SFT and evaluation once. None (an older checkpoint): nothing."""
+        if sizes is None:
+            return
+        for name in self.LOGS:
+            path = self.dir / name
+            if not path.exists():
+                continue
+            keep, size = sizes.get(name, 0), path.stat().st_size
+            if size > keep:
+                with open(path, "r+b") as f:
+                    f.truncate(keep)
+                log.info("resume: %s cut from %d to %d bytes (the checkpoint's)", path, size, keep)
+            elif size < keep:
+                log.warning(
+                    "%s is shorter (%d bytes) than at the checkpoint (%d)", path, size, keep
+                )
 
     def prepare_resume(self, step: int) -> None:
         """Before a run resumes from its step-``step`` checkpoint, make the episode logs

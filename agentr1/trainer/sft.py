@@ -17,6 +17,7 @@ import dataclasses
 import logging
 import math
 import random
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -29,6 +30,14 @@ from agentr1.algorithms import masked_aggregate
 from agentr1.eval.evaluate import summarize
 from agentr1.rollout.collate import collate
 from agentr1.rollout.loop import run_rollout
+from agentr1.trainer.checkpoint import (
+    CheckpointError,
+    latest_checkpoint,
+    load_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from agentr1.trainer.logprobs import token_logprobs
 from agentr1.trainer.run import RunDir
 from agentr1.trainer.sampling import demo_picks
@@ -73,15 +82,19 @@ def sft_train(
     on_step: Callable[[int, float], None] | None = None,
     context_weight: float = 0.0,
     autocast: Callable[[], AbstractContextManager[Any]] = nullcontext,
+    start: dict[str, Any] | None = None,
+    save: Callable[[dict[str, Any]], None] | None = None,
+    save_every: int = 0,
 ) -> list[float]:
-    """Train ``model`` in place for ``steps`` AdamW steps; returns the loss per step.
+    """Train ``model`` in place for ``steps`` AdamW steps; returns the loss per step: the
+    NLL over the agent's tokens only, whatever ``context_weight`` is, so runs with and
+    without context loss compare directly. The learning rate warms up linearly over the
+    first 5% of steps, then decays on a cosine to 10% of ``lr``. Non-finite losses skip
+    the step (logged), as in RL.
 
-    The returned (and reported) loss is the NLL over the agent's tokens only, whatever
-    ``context_weight`` is, so runs with and without context loss compare directly.
-
-    The learning rate warms up linearly over the first 5% of steps, then decays on a
-    cosine to 10% of ``lr``.
-    Non-finite losses skip the step (logged), as in RL.
+    ``save`` is called every ``save_every`` (> 0) steps before the last with the state
+    that continues the run (`sft_progress`); ``start`` is such a state (the model holds
+    its checkpointed weights): training goes on as if it had never stopped.
 
     ``autocast`` makes the context of each step's forward and backward (e.g.
     `agentr1.trainer.setup.train_autocast`). It is entered per step on purpose: autocast
@@ -93,10 +106,9 @@ def sft_train(
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _sft_lr(steps))
-    batches: list[list[int]] = []
-    losses = []
+    first, losses, batches = _continue(start, opt, sched, rng) if start else (0, [], [])
     model.train()
-    for step in range(steps):
+    for step in range(first, steps):
         if not batches:
             batches = length_bucketed_batches([len(d.token_ids) for d in demos], batch_size, rng)
         idx = batches.pop()
@@ -107,14 +119,50 @@ def sft_train(
         if agent_loss is None:
             log.warning("SFT step %d: non-finite loss, step skipped", step)
             losses.append(math.nan)
-            continue
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        losses.append(agent_loss)
-        if on_step is not None:
-            on_step(step, agent_loss)
+        else:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            losses.append(agent_loss)
+            if on_step is not None:
+                on_step(step, agent_loss)
+        done = step + 1
+        if save is not None and save_every and done % save_every == 0 and done < steps:
+            save(sft_progress(done, losses, opt, sched, rng, batches))
     return losses
+
+
+def _continue(
+    start: dict[str, Any], opt: torch.optim.Optimizer, sched: Any, rng: random.Random
+) -> tuple[int, list[float], list[list[int]]]:
+    """Load an `sft_progress` state into the optimizer, schedule and batch RNG; its
+    (step, losses so far, batches left in the epoch)."""
+    opt.load_state_dict(start["optimizer"])
+    sched.load_state_dict(start["scheduler"])
+    version, internal, gauss = start["rng"]
+    rng.setstate((version, tuple(internal), gauss))
+    return int(start["step"]), list(start["losses"]), [list(b) for b in start["batches"]]
+
+
+def sft_progress(
+    step: int,
+    losses: list[float],
+    opt: torch.optim.Optimizer,
+    sched: Any,
+    rng: random.Random,
+    batches: list[list[int]],
+) -> dict[str, Any]:
+    """What continues an SFT run after ``step`` steps, in builtins and tensors only (so
+    `torch.load(weights_only=True)` reads it back)."""
+    version, internal, gauss = rng.getstate()
+    return {
+        "step": step,
+        "losses": list(losses),
+        "optimizer": opt.state_dict(),
+        "scheduler": sched.state_dict(),
+        "rng": [version, list(internal), gauss],
+        "batches": [list(b) for b in batches],
+    }
 
 
 def _sft_lr(steps: int) -> Callable[[int], float]:
@@ -148,10 +196,63 @@ def _backward(model: Any, batch: RolloutBatch, context_weight: float) -> float |
     return agent_loss.item()
 
 
-def warm_start(setup: Setup, run: RunDir) -> dict[str, float]:
+SFT_DIR = "sft"
+"""The warm start's checkpoints, under the run's ``checkpoints/``."""
+
+
+def _save_sft(
+    setup: Setup, run: RunDir, step: int, states: dict[str, Any], meta: dict[str, Any]
+) -> None:
+    """A checkpoint of the warm start (the newest only); one that cannot be written is
+    logged and SFT goes on (the previous one is intact)."""
+    meta = {**meta, "phase": "sft", "logs": run.log_sizes()}
+    try:
+        save_checkpoint(
+            run.ckpt_dir / SFT_DIR, step, {"policy": setup.policy}, states, meta, keep=1
+        )
+    except CheckpointError as e:
+        log.error("%s", e)
+
+
+def resume_warm_start(setup: Setup, run: RunDir, resume: bool) -> dict[str, float]:
+    """The warm start, or what is left of it: with ``resume``, the newest SFT checkpoint
+    either completes it (the weights and the logged figures of a finished warm start) or
+    continues it from its step; then a checkpoint of the finished warm start, which a run
+    killed before its first RL checkpoint resumes from."""
+    root = run.ckpt_dir / SFT_DIR
+    found = latest_checkpoint(root) if resume else None
+    start: dict[str, Any] | None = None
+    if found is not None:
+        states, meta = load_checkpoint(found, {"policy": setup.policy})
+        run.truncate_logs(meta.get("logs"))
+        set_rng_state(states["rng"])
+        if meta.get("complete"):
+            setup.sync_sampler()
+            log.info("resumed after the warm start (%s)", found)
+            info: dict[str, float] = meta["sft"]
+            return info
+        start = {**states["sft"], "rng_global": states["rng"]}
+        log.info("resuming the warm start at SFT step %d (%s)", start["step"], found)
+    info = warm_start(setup, run, start)
+    _save_sft(
+        setup, run, setup.cfg.sft.steps, {"rng": rng_state()}, {"complete": True, "sft": info}
+    )
+    return info
+
+
+def drop_sft_checkpoints(run: RunDir) -> None:
+    """Remove the warm start's checkpoints once RL has one of its own."""
+    shutil.rmtree(run.ckpt_dir / SFT_DIR, ignore_errors=True)
+
+
+def warm_start(setup: Setup, run: RunDir, start: dict[str, Any] | None = None) -> dict[str, float]:
     """SFT on the task's scripted demonstrations run through the real rollout (same masks
     as RL). Logs ``sft/demo_<metric>`` for each task metric, and the headline one per
-    breakdown group (``sft/demo_em/hops=2``): how good the imitated policy is."""
+    breakdown group (``sft/demo_em/hops=2``): how good the imitated policy is.
+
+    Every ``sft.checkpoint_every`` steps it writes a checkpoint (`SFT_DIR`); ``start``
+    continues from one (`resume_warm_start`): the demonstrations are made again (the
+    scripted policies are deterministic), then training goes on from its step."""
     cfg = setup.cfg
     sft = cfg.sft
     rcfg = dataclasses.replace(cfg.rollout, n_samples=1, temperature=1.0)
@@ -167,7 +268,13 @@ def warm_start(setup: Setup, run: RunDir) -> dict[str, float]:
     names = setup.task.metric_names
     quality = summarize(demos, {t.id: t for t in demo_tasks}, names, setup.task.breakdown)
     t1 = time.perf_counter()
-    bar = run.progress(sft.steps, "SFT warm start")
+    if start is not None:  # every RNG as it was at the checkpoint
+        set_rng_state(start["rng_global"])
+
+    def save(progress: dict[str, Any]) -> None:
+        _save_sft(setup, run, progress["step"], {"sft": progress, "rng": rng_state()}, {})
+
+    bar = run.progress(sft.steps, "SFT warm start", initial=start["step"] if start else 0)
     losses = sft_train(
         setup.policy,
         demos,
@@ -179,6 +286,9 @@ def warm_start(setup: Setup, run: RunDir) -> dict[str, float]:
         on_step=lambda i, loss: bar.update_with(loss=loss),
         context_weight=sft.context_loss_weight,
         autocast=lambda: train_autocast(cfg, setup.policy),
+        start=start,
+        save=save,
+        save_every=sft.checkpoint_every,
     )
     bar.close()
     # The RL reference is the adapters-off base: make it the warm start.

@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,14 +28,17 @@ from agentr1.trainer.checkpoint import (
     CheckpointError,
     latest_checkpoint,
     load_checkpoint,
+    load_weights,
     rng_state,
     save_checkpoint,
+    save_weights_once,
     set_rng_state,
 )
 from agentr1.trainer.critic import ValueModel
 from agentr1.trainer.run import RunDir
 from agentr1.trainer.sampling import TaskSampler
 from agentr1.trainer.setup import Setup
+from agentr1.trainer.sft import SFT_DIR
 from agentr1.trainer.update import Learner
 
 log = logging.getLogger(__name__)
@@ -126,13 +130,35 @@ def make_state(setup: Setup) -> TrainState:
     )
 
 
+REFERENCE_FILE = "reference.safetensors"
+"""The warm-started KL reference, written once per run beside the checkpoints."""
+
+
 def _modules(s: TrainState) -> dict[str, torch.nn.Module]:
+    """What each checkpoint holds: the policy and the critic. Not the reference: it is
+    the base model or the warm start, and never changes (`save_reference`)."""
     mods: dict[str, torch.nn.Module] = {"policy": s.setup.policy}
     if s.critic is not None:
         mods["critic"] = s.critic
-    if s.reference is not None:
-        mods["reference"] = s.reference
     return mods
+
+
+def reference_source(s: TrainState) -> str | None:
+    """Where a resume finds the reference: "warm_start" (`REFERENCE_FILE`), "base" (the
+    model as built from ``model.path``, which `make_state` copies), None (no reference)."""
+    if s.reference is None:
+        return None
+    return "warm_start" if s.setup.cfg.sft.enabled else "base"
+
+
+def save_reference(s: TrainState, run: RunDir) -> None:
+    """Set the reference to the policy as it is now (after the warm start), and write it
+    once to `REFERENCE_FILE` when it differs from the base."""
+    if s.reference is None:
+        return
+    s.reference.load_state_dict(s.setup.policy.state_dict())
+    if reference_source(s) == "warm_start":
+        save_weights_once(run.ckpt_dir / REFERENCE_FILE, s.reference)
 
 
 def checkpoint(s: TrainState, run: RunDir, extra: dict[str, Any]) -> None:
@@ -151,8 +177,9 @@ def checkpoint(s: TrainState, run: RunDir, extra: dict[str, Any]) -> None:
         states["critic_optimizer"] = s.critic_optimizer.state_dict()
     summary = extra.get("summary")
     keep = s.setup.cfg.train.keep_checkpoints
+    meta = {**extra, "logs": run.log_sizes(), "reference": reference_source(s)}
     try:
-        path = save_checkpoint(run.ckpt_dir, s.step, _modules(s), states, extra, keep=keep)
+        path = save_checkpoint(run.ckpt_dir, s.step, _modules(s), states, meta, keep=keep)
     except CheckpointError as e:
         log.error("%s", e)
         if isinstance(summary, dict):
@@ -162,12 +189,31 @@ def checkpoint(s: TrainState, run: RunDir, extra: dict[str, Any]) -> None:
         summary["checkpoint_bytes"] = sum(f.stat().st_size for f in path.iterdir())
 
 
+def has_checkpoint(run_dir: str | Path) -> bool:
+    """Whether ``run_dir`` holds a checkpoint a resume can start from (RL's or the warm
+    start's)."""
+    ckpt = RunDir.checkpoints_of(run_dir)
+    return latest_checkpoint(ckpt) is not None or latest_checkpoint(ckpt / SFT_DIR) is not None
+
+
 def restore(s: TrainState, run: RunDir) -> dict[str, Any] | None:
     """Load the newest checkpoint of ``run`` into ``s``; its meta (None when there is none)."""
     path = latest_checkpoint(run.ckpt_dir)
     if path is None:
         return None
     states, meta = load_checkpoint(path, _modules(s))
+    if s.reference is not None:
+        # The warm start's file; a checkpoint from before it was split out holds its own
+        # copy; else the base, which make_state copied before anything was trained.
+        for f in (run.ckpt_dir / REFERENCE_FILE, path / REFERENCE_FILE):
+            if meta.get("reference", "warm_start") == "warm_start" and f.exists():
+                load_weights(f, s.reference)
+                break
+        else:
+            if meta.get("reference") != "base":
+                raise FileNotFoundError(
+                    f"{run.ckpt_dir / REFERENCE_FILE}: the warm-started KL reference is missing"
+                )
     s.optimizer.load_state_dict(states["optimizer"])
     s.scheduler.load_state_dict(states["scheduler"])
     if s.critic_optimizer is not None:
@@ -176,6 +222,7 @@ def restore(s: TrainState, run: RunDir) -> dict[str, Any] | None:
     s.update_rng.set_state(states["update_rng"])
     s.sampler.load(states["sampler"])
     s.step = int(meta["step"])
+    run.truncate_logs(meta.get("logs"))
     log.info("resumed from %s (step %d)", path, s.step)
     return meta
 

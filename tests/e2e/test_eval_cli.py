@@ -202,3 +202,22 @@ def test_passage_type_is_the_retrieval_one() -> None:
     assert FakeRetriever().search("Shirley Temple", 1)[0] == Passage(
         "p2", "Shirley Temple", "Shirley Temple served as Chief of Protocol."
     )
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        ("", "model.path is empty"),
+        ("/nonexistent/model", "model '/nonexistent/model': no such directory"),
+    ],
+)
+def test_train_with_no_model_is_one_line_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], model: str, message: str
+) -> None:
+    """``agentr1 train`` without a usable ``model.path`` ended in a traceback from deep in
+    transformers (an empty path) or in the model resolver."""
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f'task:\n  name: world\nmodel:\n  path: "{model}"\ntrain:\n  steps: 1\n')
+    assert main(["train", str(recipe), f"train.run_dir={tmp_path / 'run'}"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err

@@ -145,10 +145,10 @@ def test_kill_and_resume_matches_uninterrupted_run(tmp_path: Path) -> None:
     train(part, stop_after=3)  # "killed" after step 3; the last checkpoint is at step 2
     train(part, resume=True)
     a, b = rl_records(tmp_path / "full"), rl_records(tmp_path / "part")
-    # the killed run logged steps 0,1,2 then resumed from step 2: its orphaned step-2 row
-    # is in the file but superseded by the resumed run's
+    # the killed run logged steps 0,1,2 then resumed from step 2: the checkpoint recorded
+    # the logs' sizes, so the orphaned step-2 row was cut, not kept beside the new one
     logged = (tmp_path / "part" / "metrics.jsonl").read_text().count('"phase": "rl"')
-    assert logged == 5 and [r["step"] for r in b] == [0.0, 1.0, 2.0, 3.0]
+    assert logged == 4 and [r["step"] for r in b] == [0.0, 1.0, 2.0, 3.0]
     assert a == b
     # rollouts.jsonl: the killed attempt's step-2 lines were dropped on resume, not doubled
     ra = (tmp_path / "full" / "rollouts.jsonl").read_text().splitlines()
@@ -212,7 +212,9 @@ def test_checkpoints_kept_their_size_and_every_row_stamped(tmp_path: Path) -> No
     )
     summary = train(cfg)
     kept = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
-    assert kept == ["step_000003"]
+    # the warm-started KL reference is written once beside them, not into each
+    assert kept == ["reference.safetensors", "step_000003"]
+    assert not (tmp_path / "checkpoints" / "step_000003" / "reference.safetensors").exists()
     last = latest_checkpoint(tmp_path / "checkpoints")
     assert last is not None
     size = sum(f.stat().st_size for f in last.iterdir())
