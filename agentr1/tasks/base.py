@@ -167,6 +167,9 @@ class TaskSpec:
     make_env: Callable[..., ToolEnv] = ToolEnv
     extras: dict[str, Any] = field(default_factory=dict)
     """Anything else a task's own code wants to carry (not read by the trainer)."""
+    data_report: Mapping[str, Any] = field(default_factory=dict)
+    """What loading the task's data left out, JSON-able (records skipped with file, line
+    and reason; counts): a run's summary shows it as ``data``."""
 
     def __post_init__(self) -> None:
         errors = []

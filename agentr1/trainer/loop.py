@@ -183,6 +183,8 @@ def train(
     setup.sync_sampler()  # a restored policy (or none: a no-op for a fresh copy)
     summary: dict[str, Any] = dict(meta.get("summary", {})) if meta else {}
     summary["task"] = setup.task.name
+    if setup.task.data_report:
+        summary["data"] = dict(setup.task.data_report)
     if meta is None:
         before_rl(state, run, summary, resume)
     else:
@@ -284,7 +286,7 @@ def finish(setup: Setup, step: int, run: RunDir, summary: dict[str, Any]) -> Non
     last = latest_checkpoint(run.ckpt_dir)
     if last is not None and last.name == f"step_{step:06d}":  # not an older one
         # The logs as they end: extending the run keeps this final evaluation's episodes.
-        update_checkpoint_meta(last, {"summary": summary, "logs": run.log_sizes()})
+        update_checkpoint_meta(last, {"summary": summary, **run.checkpoint_facts()})
     try:
         best.save_model(setup, run.dir / "final_model")
     except (OSError, RuntimeError) as e:

@@ -95,6 +95,7 @@ class RunDir:
     def __init__(self, path: str | Path, cfg: Any, fresh: bool) -> None:
         self.dir = Path(path)
         self.dir.mkdir(parents=True, exist_ok=True)
+        self.started, self.elapsed_before = time.time(), 0.0
         remove_partial(self.dir)
         if fresh:  # remove only what a previous run of ours wrote here
             for name in self.OWNED:
@@ -116,8 +117,13 @@ class RunDir:
         return Path(run_dir) / "checkpoints"
 
     def log_metrics(self, record: dict[str, Any]) -> None:
-        """Append one row to ``metrics.jsonl``, stamped with ``wall_time`` (Unix seconds)."""
-        row = {**record, "wall_time": round(time.time(), 3)}
+        """Append one row to ``metrics.jsonl``, stamped with ``wall_time`` (Unix seconds)
+        and ``elapsed_s`` (seconds of the run so far, resumed attempts counted once)."""
+        row = {
+            **record,
+            "wall_time": round(time.time(), 3),
+            "elapsed_s": round(self.elapsed_s(), 3),
+        }
         with open(self.dir / "metrics.jsonl", "a", encoding="utf-8") as f:
             f.write(json.dumps(row, default=float) + "\n")
 
@@ -151,6 +157,23 @@ class RunDir:
                 rec["process_reward"] = sum(t.step_rewards)
                 rec["advantage"] = adv
                 f.write(json_line(rec) + "\n")
+
+    def elapsed_s(self) -> float:
+        """Seconds this run has been going: this attempt's, plus those of the attempts
+        before the checkpoint it resumed from (`resume_from`)."""
+        return self.elapsed_before + time.time() - self.started
+
+    def checkpoint_facts(self) -> dict[str, Any]:
+        """What a checkpoint's meta records of the run directory: the logs' sizes and the
+        elapsed seconds."""
+        return {"logs": self.log_sizes(), "elapsed_s": round(self.elapsed_s(), 3)}
+
+    def resume_from(self, meta: dict[str, Any]) -> None:
+        """Continue from a checkpoint's `checkpoint_facts`: cut the logs back to their
+        sizes then, count the elapsed time from its figure."""
+        self.truncate_logs(meta.get("logs"))
+        self.elapsed_before = float(meta.get("elapsed_s", 0.0))
+        self.started = time.time()
 
     def log_sizes(self) -> dict[str, int]:
         """Bytes of each log (`LOGS`) now: what a checkpoint records, so that a resume

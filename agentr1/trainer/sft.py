@@ -205,7 +205,7 @@ def _save_sft(
 ) -> None:
     """A checkpoint of the warm start (the newest only); one that cannot be written is
     logged and SFT goes on (the previous one is intact)."""
-    meta = {**meta, "phase": "sft", "logs": run.log_sizes()}
+    meta = {**meta, "phase": "sft", **run.checkpoint_facts()}
     try:
         save_checkpoint(
             run.ckpt_dir / SFT_DIR, step, {"policy": setup.policy}, states, meta, keep=1
@@ -224,7 +224,7 @@ def resume_warm_start(setup: Setup, run: RunDir, resume: bool) -> dict[str, floa
     start: dict[str, Any] | None = None
     if found is not None:
         states, meta = load_checkpoint(found, {"policy": setup.policy})
-        run.truncate_logs(meta.get("logs"))
+        run.resume_from(meta)
         set_rng_state(states["rng"])
         if meta.get("complete"):
             setup.sync_sampler()

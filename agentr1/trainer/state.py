@@ -177,7 +177,7 @@ def checkpoint(s: TrainState, run: RunDir, extra: dict[str, Any]) -> None:
         states["critic_optimizer"] = s.critic_optimizer.state_dict()
     summary = extra.get("summary")
     keep = s.setup.cfg.train.keep_checkpoints
-    meta = {**extra, "logs": run.log_sizes(), "reference": reference_source(s)}
+    meta = {**extra, **run.checkpoint_facts(), "reference": reference_source(s)}
     try:
         path = save_checkpoint(run.ckpt_dir, s.step, _modules(s), states, meta, keep=keep)
     except CheckpointError as e:
@@ -222,7 +222,7 @@ def restore(s: TrainState, run: RunDir) -> dict[str, Any] | None:
     s.update_rng.set_state(states["update_rng"])
     s.sampler.load(states["sampler"])
     s.step = int(meta["step"])
-    run.truncate_logs(meta.get("logs"))
+    run.resume_from(meta)
     log.info("resumed from %s (step %d)", path, s.step)
     return meta
 

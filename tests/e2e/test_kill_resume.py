@@ -128,6 +128,9 @@ def test_checkpoint_every_zero_writes_one_checkpoint_and_resumes_from_it(tmp_pat
     train(load_config(None, [*longer, f"train.run_dir={tmp_path / 'a'}"]), resume=True)
     train(load_config(None, [*longer, f"train.run_dir={tmp_path / 'b'}"]))
     assert rl_records(tmp_path / "a") == rl_records(tmp_path / "b")
+    # elapsed_s goes on from the checkpoint's figure: the resumed attempt adds to it
+    elapsed = [json.loads(x)["elapsed_s"] for x in (tmp_path / "a" / "metrics.jsonl").open()]
+    assert elapsed == sorted(elapsed)
     assert _weights(tmp_path / "a") == _weights(tmp_path / "b")
 
 

@@ -45,7 +45,7 @@ def rl_records(run_dir: Path) -> list[dict]:
         {
             k: v
             for k, v in r.items()
-            if not k.startswith("time/") and k not in ("gen_tokens_per_s", "wall_time")
+            if not k.startswith("time/") and k not in ("gen_tokens_per_s", "wall_time", "elapsed_s")
         }
         for r in metric_records(run_dir, "rl")
     ]
@@ -224,6 +224,10 @@ def test_checkpoints_kept_their_size_and_every_row_stamped(tmp_path: Path) -> No
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").open()]
     stamps = [r["wall_time"] for r in rows]
     assert len(rows) >= 5 and stamps == sorted(stamps) and stamps[0] > 1.7e9
+    elapsed = [r["elapsed_s"] for r in rows]
+    assert (
+        elapsed == sorted(elapsed) and 0 <= elapsed[0] <= elapsed[-1] <= summary["minutes"] * 60 + 1
+    )
     with pytest.raises(ConfigError, match=r"train\.keep_checkpoints=0"):
         load_config(None, ["train.keep_checkpoints=0"])
 

@@ -12,7 +12,7 @@ import pytest
 
 from agentr1.cli import _on_error_override, data_corpus, main
 from agentr1.data import Loader, resolve_entry
-from agentr1.tasks.multihop_qa import QATaskConfig, load_qa_data
+from agentr1.tasks.multihop_qa import QATaskConfig, data_report, load_qa_data
 from tests.integration.test_qa_env import ircot_record, write_jsonl
 
 
@@ -43,6 +43,9 @@ def test_on_error_skip_reaches_the_folder_scan_and_the_records(
     assert len(out.tasks["a"]) + len(out.tasks["train"]) == 5
     assert [(e.line, e.field) for e in out.skipped] == [(3, "contexts")]
     assert "q.jsonl, line 3: field 'contexts': missing" in caplog.text
+    # what a train run's summary shows as "data": every record left out, named
+    assert data_report(out) == {"skipped": [str(out.skipped[0])]}
+    assert "q.jsonl, line 3" in data_report(out)["skipped"][0]
 
 
 def test_train_and_eval_on_error_flag_is_the_task_config_override() -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from agentr1.envs.base import ToolEnv
 from agentr1.retrieval import Retriever, retriever_from_spec
@@ -56,6 +57,7 @@ __all__ = [
     "SupportingFactsPolicy",
     "answer_turn",
     "assert_disjoint",
+    "data_report",
     "data_root",
     "load_qa_data",
     "make_task",
@@ -123,4 +125,16 @@ def make_task(cfg: QATaskConfig, ctx: TaskContext) -> TaskSpec:
         system_prompt=QA_SYSTEM_PROMPT,
         demonstrations=demonstrations,
         extras={"passages": data.passages, "files": data.files},
+        data_report=data_report(data),
     )
+
+
+def data_report(data: QAData) -> dict[str, Any]:
+    """The run summary's ``data``: every record or file left out (``on_error: skip``)
+    with its file, line or record, and reason, and the unanswerable records left out."""
+    report: dict[str, Any] = {}
+    if data.skipped:
+        report["skipped"] = [str(e) for e in data.skipped]
+    if data.unanswerable:
+        report["unanswerable"] = {str(p): len(ids) for p, ids in data.unanswerable.items()}
+    return report
