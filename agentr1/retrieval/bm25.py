@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable, Sequence
 
@@ -34,6 +35,10 @@ class BM25Retriever:
         index_text: Callable[[Passage], str] | None = None,
     ) -> None:
         import bm25s  # imported here: only retrieval users pay for it
+
+        # bm25s sets its logger to DEBUG on import, which would print every index build
+        # through the application's handlers; its own levels come back only when asked.
+        logging.getLogger("bm25s").setLevel(logging.WARNING)
 
         if not passages:
             raise ValueError("BM25Retriever needs at least one passage")
