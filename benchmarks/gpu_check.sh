@@ -4,7 +4,9 @@
 #
 #   benchmarks/gpu_check.sh OUT_DIR [DATA_DIR SECONDS]
 #
-# 1. the GPU-marked tests and the device / HF-backend / mixed-precision tests;
+# 1. the GPU-marked tests and the device / HF-backend / mixed-precision tests; where vLLM
+#    is installed, the vllm tests, the world with vLLM rollouts and one RL step of
+#    recipes/qwen2.5-3b-paper.yaml (with DATA_DIR) at a small batch;
 # 2. GRPO and PPO on the embedded world with the tiny model, on the GPU (SFT warm start,
 #    rollouts, update, critic, eval), 6 RL steps each;
 # 3. with DATA_DIR (../shared/data/raw) and SmolLM2 available (`agentr1 models prepare
@@ -43,6 +45,22 @@ transformers.__version__, 'cuda', torch.cuda.is_available())"
 part gpu_tests $PY -m pytest -p no:cacheprovider -q -m gpu --timeout 300 tests
 part device_tests $PY -m pytest -p no:cacheprovider -q --timeout 300 \
     tests/unit/test_device.py tests/integration/test_hf_backend.py tests/integration/test_mixed_precision.py
+# The vllm backend where vLLM is installed (the lent machine reaches no registry): its
+# tests, the world with vLLM rollouts, and one RL step of the paper recipe at a small batch.
+if $PY -c "import vllm" > /dev/null 2>&1; then
+    part vllm_tests env VLLM_ENABLE_V1_MULTIPROCESSING=0 $PY -m pytest -p no:cacheprovider \
+        -q -m vllm --timeout 600 tests
+    part world_grpo_vllm $PY -m agentr1.cli train recipes/demo.yaml model.device=cuda \
+        model.backend=vllm sft.steps=200 train.steps=3 "train.run_dir=$OUT/world_vllm"
+    if [ -n "$DATA" ]; then
+        part qwen3b_vllm_step timeout 420 $PY -m agentr1.cli train recipes/qwen2.5-3b-paper.yaml \
+            model.backend=vllm train.steps=1 train.tasks_per_step=2 rollout.n_samples=4 \
+            eval.before=false eval.max_tasks=4 "task.config.data_dir=$DATA" \
+            "train.run_dir=$OUT/qwen3b_vllm"
+    fi
+else
+    echo "== vllm: not installed here (pip install vllm); its parts skipped"
+fi
 for est in grpo gae; do
     part "world_$est" $PY -m agentr1.cli train recipes/demo.yaml model.device=cuda \
         algo.estimator=$est sft.steps=200 train.steps=6 train.checkpoint_every=3 \
@@ -65,6 +83,7 @@ if [ -n "$DATA" ] && part prepare $PY -m agentr1.cli models prepare smollm2-135m
     part mh_report $PY experiments/smollm2_multihop/multihop_real.py report "${O[@]}"
     find "$R" \( -name checkpoints -o -name final_model \) -prune -exec rm -rf {} +
 fi
-rm -rf "$OUT"/world_*/checkpoints "$OUT"/world_*/final_model
+rm -rf "$OUT"/world_*/checkpoints "$OUT"/world_*/final_model "$OUT"/qwen3b_vllm/checkpoints \
+    "$OUT"/qwen3b_vllm/final_model
 echo "failed parts: $failed"
 exit $failed

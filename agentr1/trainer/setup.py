@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from agentr1 import configutil, lora
+from agentr1.backends.base import Generator
 from agentr1.backends.hf import HFGenerator
 from agentr1.config import Config
 from agentr1.envs.base import ToolEnv
@@ -54,7 +55,7 @@ class Setup:
     tokenizer: Any
     chat: ChatFormat
     policy: Any
-    generator: HFGenerator
+    generator: Generator
     pad_id: int
     model_dir: Path
 
@@ -66,13 +67,18 @@ class Setup:
     @property
     def sampler_is_policy(self) -> bool:
         """Whether the generator samples from the policy's own weights (not a copy)."""
-        return self.generator.model is self.policy
+        return getattr(self.generator, "model", None) is self.policy
 
     def sync_sampler(self) -> None:
-        """Copy the policy's weights into the sampler's copy (no-op when they are shared).
-        Call after every change to the policy's weights."""
-        if not self.sampler_is_policy:
-            self.generator.model.load_state_dict(lora.merged_state_dict(self.policy))
+        """Copy the policy's weights into the sampler's copy or engine (no-op when they
+        are shared). Call after every change to the policy's weights."""
+        if self.sampler_is_policy:
+            return
+        weights = lora.merged_state_dict(self.policy)
+        if isinstance(self.generator, HFGenerator):
+            self.generator.model.load_state_dict(weights)
+        else:  # an engine of its own (vllm)
+            self.generator.load_weights(weights)
 
     def demo_sources(self, seed: int) -> list[DemoSource]:
         """(tasks, env factory, scripted generator) per demonstration source of the task.
@@ -181,7 +187,7 @@ def build_setup(
     return Setup(cfg, spec, make_env, tokenizer, chat, policy, generator, pad_id, model_dir)
 
 
-def load_policy(cfg: Config, path: str) -> tuple[Any, ChatFormat, Any, HFGenerator, int]:
+def load_policy(cfg: Config, path: str) -> tuple[Any, ChatFormat, Any, Generator, int]:
     """(tokenizer, chat format, policy model, generator, pad id) for the model at ``path``
     (a local directory, a hub id or a known alias), with the config's dtype and template."""
     from agentr1.models import load_model, load_tokenizer
@@ -209,9 +215,41 @@ def load_policy(cfg: Config, path: str) -> tuple[Any, ChatFormat, Any, HFGenerat
             n_all,
             100 * n_train / n_all,
         )
+    if rollout_backend(cfg) == "vllm":
+        return tokenizer, chat, policy, vllm_generator(cfg, path), pad_id
     keep = int(cfg.model.keep_kv_gib * 2**30)
     generator = HFGenerator(sampler, tokenizer, keep_cache_bytes=keep)
     return tokenizer, chat, policy, generator, pad_id
+
+
+def rollout_backend(cfg: Config) -> str:
+    """The engine ``model.backend`` names ("auto": vllm where it imports and a GPU is
+    present, else hf)."""
+    if cfg.model.backend != "auto":
+        return cfg.model.backend
+    from agentr1.backends import vllm
+
+    return "vllm" if torch.cuda.is_available() and vllm.available() else "hf"
+
+
+def vllm_generator(cfg: Config, path: str) -> Generator:
+    """A vLLM engine over the model at ``path`` (the directory the policy came from:
+    the weights agree until the first update, then `Setup.sync_sampler` keeps them so),
+    long enough for the rollout's episodes, in the sampler's dtype."""
+    from agentr1.backends.vllm import VLLMGenerator
+    from agentr1.models import resolve
+
+    source, extra = resolve(path)  # the alias: the plain copy `load_model` prepared
+    if extra:
+        raise ValueError(f"model {path!r}: vLLM needs a plain HF directory, not a GGUF file")
+    bf16 = "bfloat16" in (cfg.model.sampler_dtype, cfg.model.dtype)
+    return VLLMGenerator(
+        source,
+        max_model_len=cfg.rollout.max_context,
+        dtype="bfloat16" if bf16 else "float32",
+        seed=cfg.train.seed,
+        kv_cache_gib=max(cfg.model.keep_kv_gib, 0.25),
+    )
 
 
 def resolve_device(spec: str) -> torch.device:

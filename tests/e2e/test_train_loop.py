@@ -480,3 +480,29 @@ def test_keep_best_after_a_resume_knows_the_model_a_killed_attempt_wrote(
     ems.update({"step 4": [0.0]})
     fresh = train(cfg)
     assert fresh["best_model"] == {"step": 0, "greedy_em": 0.0}
+
+
+def test_an_engine_of_its_own_gets_the_policys_weights_after_each_change(tmp_path: Path) -> None:
+    """A generator that is not the hf one (the vllm engine) is synced through its
+    ``load_weights`` with the policy's merged state dict (HF names)."""
+    from agentr1.trainer.setup import build_setup
+
+    setup = build_setup(load_config(None, [*SMALL, f"train.run_dir={tmp_path}"]))
+
+    class Engine:
+        def __init__(self) -> None:
+            self.loaded: list[dict[str, torch.Tensor]] = []
+
+        def generate(self, prompts, params):  # type: ignore[no-untyped-def]
+            raise AssertionError("not sampled here")
+
+        def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+            self.loaded.append(state_dict)
+
+    engine = Engine()
+    setup.generator = engine  # type: ignore[assignment]
+    assert not setup.sampler_is_policy
+    setup.sync_sampler()
+    (weights,) = engine.loaded
+    assert weights.keys() == setup.policy.state_dict().keys()
+    assert all(torch.equal(weights[k], v) for k, v in setup.policy.state_dict().items())

@@ -122,3 +122,14 @@ def test_dict_valued_field_is_replaced_not_merged() -> None:
     built = build(_Outer, {"inner": {"splits": {"c": 3}}})
     assert built.inner.splits == {"c": 3}
     assert built.inner.n == 5  # the field's own default, not the class default
+
+
+def test_the_vllm_backend_without_vllm_names_the_install_command() -> None:
+    """``model.backend=vllm`` where vLLM is not installed stops at load, not mid-run."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here")
+    with pytest.raises(ConfigError, match=r"model\.backend=vllm: vLLM is not installed.*make vllm"):
+        load_config(None, ["model.backend=vllm"])
+    load_config(None, ["model.backend=auto"])  # auto falls back to hf
