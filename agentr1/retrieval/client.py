@@ -33,8 +33,9 @@ from agentr1.retrieval.base import Passage
 log = logging.getLogger(__name__)
 
 
-class RetrieverUnavailable(RuntimeError):
-    """The retrieval server did not answer usefully after every retry.
+class RetrieverUnavailable(ConnectionError):
+    """The retrieval server did not answer usefully after every retry. An `OSError`, so
+    the commands report it in one line (a search tool's call reports it to the model).
 
     Attributes:
         url: the endpoint that was tried.
@@ -54,8 +55,9 @@ class RetrieverUnavailable(RuntimeError):
 class RetrieverUnreachable(ConnectionError):
     """No server answers at a `RemoteRetriever`'s URL when it is made.
 
-    A ``ConnectionError`` (an ``OSError``), unlike `RetrieverUnavailable`, so that a command
-    given a wrong ``--retriever`` URL stops with this one line before any work.
+    A ``ConnectionError`` (an ``OSError``), as `RetrieverUnavailable` (a server that stops
+    answering later), so that a command given a wrong ``--retriever`` URL stops with this
+    one line before any work.
 
     Attributes:
         url: the server's base URL.

@@ -634,3 +634,9 @@ def test_small_load_run(tmp_path: Path) -> None:
     assert report["ok"] and report["requests"] == report["answered"] == 200
     assert not any(code.startswith("5") for code in report["status_counts"])
     assert {"200", "422"} <= set(report["status_counts"])
+
+
+def test_a_server_that_stops_answering_is_an_os_error_the_commands_report() -> None:
+    """A retrieval server that dies mid-run (naive RAG calls it outside any tool) ended
+    ``qa-eval`` in a traceback: `RetrieverUnavailable` was a RuntimeError."""
+    assert issubclass(RetrieverUnavailable, OSError)
