@@ -234,3 +234,36 @@ def test_weights_follow_the_trainer(
     finally:
         engine.load_weights(policy.state_dict())
     assert engine.prompt_logprobs(prompt, cont) == pytest.approx(before, abs=1e-5)
+
+
+def test_lora_adapters_reach_the_engine_merged(
+    engine: Any, policy: Any, tokenizer: Any, prompts: list
+) -> None:
+    """A LoRA policy's adapters are folded into the base before loading
+    (`agentr1.lora.merged_state_dict`, what `Setup.sync_sampler` sends): the engine then
+    computes what the adapted trainer model computes."""
+    import copy
+
+    from agentr1 import lora
+    from agentr1.trainer.logprobs import token_logprobs
+
+    adapted = copy.deepcopy(policy)
+    lora.apply_lora(adapted, 8, 16.0)  # every attention and MLP projection
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for _, m in lora.lora_modules(adapted):
+            _, b = lora._a_b(m)
+            b.normal_(0, 0.05, generator=g)
+    prompt = prompts[1]
+    cont = tokenizer.encode("Red, yellow and blue.", add_special_tokens=False)
+    ids = torch.tensor([prompt + cont])
+    lp, _ = token_logprobs(adapted, ids, torch.ones_like(ids))
+    expected = lp[0, len(prompt) :].tolist()
+    before = engine.prompt_logprobs(prompt, cont)
+    engine.load_weights(lora.merged_state_dict(adapted))
+    try:
+        after = engine.prompt_logprobs(prompt, cont)
+        assert after == pytest.approx(expected, abs=2e-3)
+        assert max(abs(x - y) for x, y in zip(after, before, strict=True)) > 0.05
+    finally:
+        engine.load_weights(policy.state_dict())
