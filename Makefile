@@ -4,7 +4,8 @@
 # `make test` runs all three except tests marked slow (minutes each, e.g. learning
 # curves): `make test-slow` runs those, with a generous per-test timeout, since their
 # time depends on how busy the machine is; `make test-unit` the unit tier alone;
-# `make test-experiments` the research studies in experiments/ (not part of `make test`).
+# `make test-experiments` the research studies in experiments/ (not part of `make test`);
+# `make test-vllm` the vllm backend in .venv-vllm (built by `make vllm`).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
