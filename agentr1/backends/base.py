@@ -23,6 +23,9 @@ class SamplingParams:
             token that completes the string is kept (tokens are never split).
         stop_token_ids: token ids that end generation; the stop token is kept.
         seed: optional seed for reproducible sampling.
+        row_max_new_tokens: a cap per prompt of the call, each in [1, max_new_tokens]
+            (an episode near its context limit gets less room than the others: one
+            batched call serves them all); None = ``max_new_tokens`` for every row.
     """
 
     max_new_tokens: int = 256
@@ -31,14 +34,31 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+    row_max_new_tokens: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        caps = self.row_max_new_tokens
+        if caps is not None and not all(1 <= c <= self.max_new_tokens for c in caps):
+            raise ValueError(
+                f"row_max_new_tokens must each be in [1, max_new_tokens={self.max_new_tokens}]"
+            )
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    def cap(self, row: int) -> int:
+        """The most tokens row ``row`` of the call may sample."""
+        caps = self.row_max_new_tokens
+        return self.max_new_tokens if caps is None else caps[row]
+
+    def check_rows(self, n: int) -> None:
+        """Raise ValueError when ``row_max_new_tokens`` does not give one cap per prompt."""
+        caps = self.row_max_new_tokens
+        if caps is not None and len(caps) != n:
+            raise ValueError(f"row_max_new_tokens has {len(caps)} caps for {n} prompts")
 
 
 @dataclass

@@ -442,6 +442,7 @@ class HFGenerator:
         """
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
+        params.check_rows(len(prompts))
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer to decode generated tokens")
         start = time.perf_counter()
@@ -464,7 +465,10 @@ class HFGenerator:
                 for lo in range(0, len(order), chunk):
                     rows = order[lo : lo + chunk]
                     rows_kept = [kept[i] for i in rows] if kept is not None else None
-                    done = self._generate_chunk([prompts[i] for i in rows], params, rng, rows_kept)
+                    caps = [params.cap(i) for i in rows]
+                    done = self._generate_chunk(
+                        [prompts[i] for i in rows], params, rng, rows_kept, caps
+                    )
                     results.update(zip(rows, done, strict=True))
         finally:
             self.model.train(was_training)
@@ -501,9 +505,11 @@ class HFGenerator:
         params: SamplingParams,
         rng: torch.Generator | None,
         kept: list[KeptRow | None] | None = None,
+        caps: list[int] | None = None,
     ) -> list[Completion]:
         """Prefill (after the rows' kept caches, if any) then decode one left-padded chunk
-        until every row has finished."""
+        until every row has finished; row ``i`` stops with "length" at ``caps[i]`` tokens
+        (default ``params.max_new_tokens``)."""
         device = self.model.device
         cache = _new_cache(self.model)
         if kept is not None and any(k is not None for k in kept):
@@ -515,10 +521,12 @@ class HFGenerator:
         stop_ids = set(params.stop_token_ids)
 
         n = len(prompts)
+        caps = caps or [params.max_new_tokens] * n
+        longest = max(caps)
         tokens: list[list[int]] = [[] for _ in range(n)]
         logprobs: list[list[float]] = [[] for _ in range(n)]
         finish: list[Literal["stop", "length"] | None] = [None] * n
-        for step in range(params.max_new_tokens):
+        for step in range(longest):
             tokens_B, logprobs_B = sample_next(logits_BV, params, rng)
             for row, (tok, lp) in enumerate(
                 zip(tokens_B.tolist(), logprobs_B.tolist(), strict=True)
@@ -529,9 +537,9 @@ class HFGenerator:
                 logprobs[row].append(lp)
                 if self._is_stop(tokens[row], params, stop_ids):
                     finish[row] = "stop"
-                elif len(tokens[row]) == params.max_new_tokens:
+                elif len(tokens[row]) == caps[row]:
                     finish[row] = "length"
-            if all(f is not None for f in finish) or step == params.max_new_tokens - 1:
+            if all(f is not None for f in finish) or step == longest - 1:
                 break
             done_B = torch.tensor([f is not None for f in finish], device=device)
             feed_B1 = torch.where(done_B, self.pad_id, tokens_B)[:, None]

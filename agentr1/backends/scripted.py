@@ -46,11 +46,12 @@ class ScriptedGenerator:
     end_of_turn_id: int
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        params.check_rows(len(prompts))
         out = []
-        for p in prompts:
+        for i, p in enumerate(prompts):
             ids = [*self.encode(self.respond(self.decode(p))), self.end_of_turn_id]
             finish: str = "stop"
-            if len(ids) > params.max_new_tokens:
-                ids, finish = ids[: params.max_new_tokens], "length"
+            if len(ids) > params.cap(i):
+                ids, finish = ids[: params.cap(i)], "length"
             out.append(Completion(ids, [0.0] * len(ids), finish))  # type: ignore[arg-type]
         return out

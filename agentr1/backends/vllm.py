@@ -193,13 +193,11 @@ class VLLMGenerator:
                     f"prompt {i} has {len(p)} tokens; the engine's max_model_len is "
                     f"{self.max_model_len} (raise rollout.max_context, which sets it)"
                 )
-        # A row's cap is what is left of its context (as the rollout asks), never more.
+        params.check_rows(len(prompts))
+        # A row's cap (the rollout's: what is left of its context), never past the engine.
         per_row = [
             self.sampling_params(
-                params
-                if len(p) + params.max_new_tokens <= self.max_model_len
-                else _capped(params, self.max_model_len - len(p)),
-                i,
+                _capped(params, min(params.cap(i), self.max_model_len - len(p))), i
             )
             for i, p in enumerate(prompts)
         ]
@@ -272,8 +270,9 @@ def _hidden_modules(prefixes: tuple[str, ...]) -> Iterator[None]:
 
 
 def _capped(params: SamplingParams, room: int) -> SamplingParams:
+    """``params`` for one row with at most ``room`` new tokens."""
     from dataclasses import replace
 
     if room < 1:
         raise VLLMBackendError("a prompt fills the engine's max_model_len: no room to sample")
-    return replace(params, max_new_tokens=room)
+    return replace(params, max_new_tokens=room, row_max_new_tokens=None)

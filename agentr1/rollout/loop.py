@@ -148,35 +148,42 @@ def _run_turns(
     """Sample a turn for every live episode, step their envs, until none is live."""
     turn_index = 0
     while live := [e for e in episodes if e.traj.stop_reason is None]:
-        # Episodes near the context limit get a smaller budget; batch by budget.
-        by_budget: dict[int, list[_Episode]] = {}
-        for e in live:
-            budget = min(cfg.max_tokens_per_turn, cfg.max_context - len(e.traj.token_ids))
-            by_budget.setdefault(budget, []).append(e)
-        for budget, group in by_budget.items():
-            params = SamplingParams(
-                max_new_tokens=budget,
-                temperature=cfg.temperature,
-                top_p=cfg.top_p,
-                stop=cfg.stop,
-                stop_token_ids=chat.stop_token_ids,
-                seed=None if cfg.seed is None else cfg.seed + turn_index,
+        # One batched call for every live episode; one near the context limit gets a
+        # smaller cap of its own (splitting the batch by cap doubled the decode passes).
+        caps = [min(cfg.max_tokens_per_turn, cfg.max_context - len(e.traj.token_ids)) for e in live]
+        params = SamplingParams(
+            max_new_tokens=max(caps),
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            stop=cfg.stop,
+            stop_token_ids=chat.stop_token_ids,
+            seed=None if cfg.seed is None else cfg.seed + turn_index,
+            row_max_new_tokens=None if min(caps) == max(caps) else tuple(caps),
+        )
+        tg = time.perf_counter()
+        outs = generator.generate([e.traj.token_ids for e in live], params)
+        stats.generate_s += time.perf_counter() - tg
+        if len(outs) != len(live):
+            raise RuntimeError(
+                f"generator returned {len(outs)} completions for {len(live)} prompts"
             )
-            tg = time.perf_counter()
-            outs = generator.generate([e.traj.token_ids for e in group], params)
-            stats.generate_s += time.perf_counter() - tg
-            if len(outs) != len(group):
-                raise RuntimeError(
-                    f"generator returned {len(outs)} completions for {len(group)} prompts"
-                )
-            te = time.perf_counter()
-            steps = loop.run_until_complete(_step_all(group, outs, chat))
-            stats.env_s += time.perf_counter() - te
-            for e, out, step in zip(group, outs, steps, strict=True):
-                stats.turns += 1
-                stats.generated_tokens += len(out.token_ids)
-                _advance(e, out, step, chat, cfg)
+        outs = [_within(out, cap) for out, cap in zip(outs, caps, strict=True)]
+        te = time.perf_counter()
+        steps = loop.run_until_complete(_step_all(live, outs, chat))
+        stats.env_s += time.perf_counter() - te
+        for e, out, step in zip(live, outs, steps, strict=True):
+            stats.turns += 1
+            stats.generated_tokens += len(out.token_ids)
+            _advance(e, out, step, chat, cfg)
         turn_index += 1
+
+
+def _within(out: Completion, cap: int) -> Completion:
+    """``out`` cut to ``cap`` tokens (finish "length"): a generator that does not know
+    per-row caps must not push an episode past its context."""
+    if len(out.token_ids) <= cap:
+        return out
+    return Completion(out.token_ids[:cap], out.logprobs[:cap], "length", dict(out.metrics))
 
 
 async def _step_all(

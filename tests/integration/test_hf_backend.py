@@ -424,3 +424,22 @@ def test_kept_caches_take_the_longest_proper_prefix_once() -> None:
     kept.put(row(long))
     assert kept.take([99, *long[1:], 5]) is None  # same length and tail: verified in full
     assert kept.take([*long, 5]) is not None
+
+
+def test_row_caps_apply_inside_one_batched_call(gen: HFGenerator) -> None:
+    """Each row stops with "length" at its own cap, in one call (the rollout used to split
+    a batch by cap, doubling the decode passes), and greedy rows agree with an uncapped
+    call up to their cap."""
+    full = gen.generate(PROMPTS, SamplingParams(max_new_tokens=10, temperature=0.0))
+    caps = (10, 3, 7, 1)
+    capped = gen.generate(
+        PROMPTS, SamplingParams(max_new_tokens=10, temperature=0.0, row_max_new_tokens=caps)
+    )
+    assert gen.last_stats.forward_passes == 10  # one prefill + 9 decode steps for all rows
+    for cap, a, b in zip(caps, capped, full, strict=True):
+        assert a.token_ids == b.token_ids[:cap] and a.finish_reason == "length"
+        assert a.logprobs == pytest.approx(b.logprobs[:cap], abs=1e-5)
+    with pytest.raises(ValueError, match=r"row_max_new_tokens must each be in \[1, max_new"):
+        SamplingParams(max_new_tokens=4, row_max_new_tokens=(5, 1))
+    with pytest.raises(ValueError, match="2 caps for 4 prompts"):
+        gen.generate(PROMPTS, SamplingParams(max_new_tokens=4, row_max_new_tokens=(4, 1)))

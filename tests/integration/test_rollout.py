@@ -343,3 +343,33 @@ def test_error_observations_are_clipped_like_any_other() -> None:
     (result,) = step.tool_results
     assert result.metadata["error"] == "unknown_tool" and result.metadata["truncated"]
     assert len(result.content) == 200 + len(" ...[truncated]")
+
+
+def test_episodes_with_different_budgets_share_one_generate_call() -> None:
+    """Budgets differ when episodes near ``max_context`` have less room: still one
+    batched call a turn (grouping by exact budget split turns 2-3 into 8-14 calls), each
+    row capped at its own room, and no episode past ``max_context``."""
+    tok = ByteTokenizer()
+    calls: list[tuple[int, tuple[int, ...] | None]] = []
+    inner = ScriptedGenerator(
+        script([call("calculator", expression="1+2") + " " + "x" * 80]), tok.encode, tok.decode, EOT
+    )
+
+    class Counting:
+        def generate(self, prompts, params):  # type: ignore[no-untyped-def]
+            calls.append((len(prompts), params.row_max_new_tokens))
+            return inner.generate(prompts, params)
+
+    tasks = [
+        Task(id=f"t{i}", question="What is 1+2?" + " pad" * (10 * i), answers=["3"])
+        for i in range(4)
+    ]
+    cfg = RolloutConfig(
+        max_turns=3, max_tokens_per_turn=120, max_context=1450
+    )  # prompts ~1,150-1,270
+    groups = run_rollout(tasks, lambda: ToolEnv(tools=[calculator]), Counting(), byte_chat(), cfg)
+    trajs = [g.trajectories[0] for g in groups]
+    assert all(len(t.token_ids) <= 1450 for t in trajs)
+    turns = max(t.num_turns for t in trajs)
+    assert len(calls) == turns  # one call per turn, whatever the budgets
+    assert any(caps is not None and len(set(caps)) > 1 for _, caps in calls), calls
