@@ -106,10 +106,7 @@ async def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
 
 class HungCalls:
     """How many calls of one tool are still running past their timeout (thread-safe).
-
-    Not copied with its tool: a copy (`copy.deepcopy`, pickling for another process)
-    starts at zero.
-    """
+    Not copied with its tool (`FunctionTool.__reduce__`): a copy starts at zero."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -124,12 +121,6 @@ class HungCalls:
     def _returned(self, _: object) -> None:
         with self._lock:
             self.count -= 1
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> HungCalls:
-        return HungCalls()
-
-    def __reduce__(self) -> tuple[type[HungCalls], tuple[()]]:
-        return HungCalls, ()
 
 
 # ------------------------------------------------------------------------ processes
@@ -229,12 +220,6 @@ class ProcessCalls:
         self.started = 0
         self.killed = 0
 
-    def __reduce__(self) -> tuple[Any, ...]:  # a copy gets processes of its own
-        return _rebuild_pool, (self.target, self.processes, self.start_timeout_s)
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> ProcessCalls:
-        return _rebuild_pool(self.target, self.processes, self.start_timeout_s)
-
     def _start(self) -> tuple[Any, Any]:
         ctx = multiprocessing.get_context("spawn")
         parent, child = ctx.Pipe()
@@ -324,21 +309,6 @@ class ProcessCalls:
             except queue.Empty:
                 return
             self._discard(proc, conn)
-
-
-def _rebuild_pool(target: tuple[str, str], processes: int, start_timeout_s: float) -> ProcessCalls:
-    pool = ProcessCalls.__new__(ProcessCalls)
-    pool.__dict__.update(
-        target=target,
-        processes=processes,
-        start_timeout_s=start_timeout_s,
-        _idle=queue.SimpleQueue(),
-        _lock=threading.Lock(),
-        _running=0,
-        started=0,
-        killed=0,
-    )
-    return pool
 
 
 def _kill(proc: Any) -> None:
