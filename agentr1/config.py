@@ -306,10 +306,38 @@ class EvalConfig:
     and attention buffers grow with ``batch_tasks x rollout.max_context``."""
 
 
+TRACKERS: dict[str, tuple[str, str]] = {
+    "tensorboard": ("tensorboard", "tensorboard"),
+    "wandb": ("wandb", "wandb"),
+    "mlflow": ("mlflow", "mlflow"),
+}
+"""Experiment trackers `LogConfig.trackers` may name: name -> (module, the extra that
+installs it: ``pip install 'agentr1[<extra>]'``, or ``make trackers`` for all three)."""
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    """Experiment trackers fed by the run besides the files of its run directory
+    (`agentr1.trackers`); each is an optional extra, imported only when chosen."""
+
+    trackers: tuple[str, ...] = ()
+    """Any of ``tensorboard``, ``wandb``, ``mlflow``; empty = the run directory's files
+    only. Every tracker gets the same scalars (keys ``<phase>/<metric>``), evaluation
+    tables, sample trajectories as text and the config."""
+    project: str = "agentr1"
+    """The W&B project / MLflow experiment the run goes to."""
+    run_name: str = ""
+    """The run's name in the trackers; empty = the run directory's name."""
+    tracker_dir: str = ""
+    """Where the trackers write; empty = inside the run directory: ``tb/`` (TensorBoard
+    event files), ``wandb/`` (W&B's run folder; ``WANDB_MODE=offline`` keeps it
+    there), ``mlflow.db`` and ``mlruns/`` (MLflow's SQLite store and its artifacts)."""
+
+
 @dataclass(frozen=True)
 class Config:
     """A whole run: one typed section per stage (model, task, rollout, sft, algo, optim,
-    train, eval), every field documented where it is declared.
+    train, eval, log), every field documented where it is declared.
 
     Build it with `load_config` (a YAML recipe plus ``section.field=value`` overrides,
     checked once) or in Python, ``dataclasses.replace(load_config(None), ...)``; call
@@ -331,6 +359,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    log: LogConfig = field(default_factory=LogConfig)
 
     def validate(self) -> None:
         """Check values once; each message says what is wrong and why it matters."""
@@ -429,9 +458,30 @@ class Config:
                 f"task.process.no_answer={self.task.process.no_answer}: expected >= 0 (a "
                 "penalty, subtracted); a negative one would pay the policy not to answer"
             )
+        errors.extend(self.log_errors())
         errors.extend(self._task_errors())
         if errors:
             raise configutil.ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+
+    def log_errors(self) -> list[str]:
+        """Each tracker in ``log.trackers`` is known and its package installed (looked up,
+        not imported): a run should not train for an hour and then fail to log."""
+        errors = []
+        for name in self.log.trackers:
+            if name not in TRACKERS:
+                errors.append(
+                    f"log.trackers: unknown tracker {name!r}; expected any of "
+                    + ", ".join(TRACKERS)
+                )
+            elif importlib.util.find_spec(TRACKERS[name][0]) is None:
+                extra = TRACKERS[name][1]
+                errors.append(
+                    f"log.trackers: {name} is not installed here; pip install "
+                    f"'agentr1[{extra}]' (or `make trackers` for all three)"
+                )
+        if len(set(self.log.trackers)) != len(self.log.trackers):
+            errors.append(f"log.trackers={list(self.log.trackers)}: a tracker named twice")
+        return errors
 
     def _task_errors(self) -> list[str]:
         """The task reference, its config section and the rewards it names resolve."""

@@ -177,31 +177,34 @@ def train(
         log.warning("%s has no checkpoint to resume from: starting afresh", cfg.train.run_dir)
         resume = False  # and what a killed attempt logged goes (fresh), not doubled
     run = RunDir(cfg.train.run_dir, _shown_config(cfg, task), fresh=not resume)
-    setup = build_setup(cfg, task)
-    state = make_state(setup)
-    meta = restore(state, run) if resume else None
-    setup.sync_sampler()  # a restored policy (or none: a no-op for a fresh copy)
-    summary: dict[str, Any] = dict(meta.get("summary", {})) if meta else {}
-    summary["task"] = setup.task.name
-    if setup.task.data_report:
-        summary["data"] = dict(setup.task.data_report)
-    if meta is None:
-        before_rl(state, run, summary, resume)
-    else:
-        run.prepare_resume(state.step)
-        if cfg.train.keep_best:
-            best.adopt_best_on_disk(setup, run, summary)
-    last_eval = rl_steps(state, run, summary, stop_after)
-    if state.step < cfg.train.steps:  # stopped early (stop_after)
+    try:
+        setup = build_setup(cfg, task)
+        state = make_state(setup)
+        meta = restore(state, run) if resume else None
+        setup.sync_sampler()  # a restored policy (or none: a no-op for a fresh copy)
+        summary: dict[str, Any] = dict(meta.get("summary", {})) if meta else {}
+        summary["task"] = setup.task.name
+        if setup.task.data_report:
+            summary["data"] = dict(setup.task.data_report)
+        if meta is None:
+            before_rl(state, run, summary, resume)
+        else:
+            run.prepare_resume(state.step)
+            if cfg.train.keep_best:
+                best.adopt_best_on_disk(setup, run, summary)
+        last_eval = rl_steps(state, run, summary, stop_after)
+        if state.step < cfg.train.steps:  # stopped early (stop_after)
+            return summary
+        if cfg.train.checkpoint_every == 0 or state.step % cfg.train.checkpoint_every:
+            checkpoint(state, run, {"summary": summary})  # on disk before the final eval
+        drop_sft_checkpoints(run)
+        release_training_state(state)  # the eval needs only the policy and its sampler copy
+        final_eval(setup, state.step, run, summary, last_eval)
+        summary["minutes"] = (time.perf_counter() - t_start) / 60
+        finish(setup, state.step, run, summary)
         return summary
-    if cfg.train.checkpoint_every == 0 or state.step % cfg.train.checkpoint_every:
-        checkpoint(state, run, {"summary": summary})  # on disk before the final eval
-    drop_sft_checkpoints(run)
-    release_training_state(state)  # the eval needs only the policy and its sampler copy
-    final_eval(setup, state.step, run, summary, last_eval)
-    summary["minutes"] = (time.perf_counter() - t_start) / 60
-    finish(setup, state.step, run, summary)
-    return summary
+    finally:  # a stopped or failed run too: the trackers get what it logged
+        run.close()
 
 
 def _shown_config(cfg: Config, task: TaskSpec | None) -> Config:

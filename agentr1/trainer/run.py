@@ -8,6 +8,7 @@ runs/<name>/
   checkpoints/         atomic checkpoints (step_XXXXXX/)
   plots/training.png   reward, EM, KL, entropy, lengths, tool calls, stop reasons
   report.md            the summary table
+  tb/ wandb/ mlflow.db mlruns/  the experiment trackers ``log.trackers`` chooses (`agentr1.trackers`)
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from agentr1 import configutil
 from agentr1.eval.evaluate import DEFAULT_METRICS, EvalResult, episode_record
 from agentr1.fileio import remove_partial, write_atomic
 from agentr1.rollout.io import write_trajectories
+from agentr1.trackers import make_trackers
 from agentr1.types import Task, Trajectory, TrajectoryGroup, json_line
 
 log = logging.getLogger(__name__)
@@ -104,9 +106,11 @@ class RunDir:
                     shutil.rmtree(p)
                 elif p.exists():
                     p.unlink()
-        (self.dir / "config.yaml").write_text(
-            yaml.safe_dump(configutil.to_dict(cfg), sort_keys=False)
-        )
+        shown = configutil.to_dict(cfg)
+        (self.dir / "config.yaml").write_text(yaml.safe_dump(shown, sort_keys=False))
+        # The trackers live here, in the driver: every row reaches them from one place.
+        self.trackers = make_trackers(getattr(cfg, "log", None), self.dir)
+        self.trackers.log_config(shown)
         self.ckpt_dir = self.checkpoints_of(self.dir)
         for d in (self.ckpt_dir, self.ckpt_dir / "sft"):
             remove_partial(d)
@@ -126,6 +130,7 @@ class RunDir:
         }
         with open(self.dir / "metrics.jsonl", "a", encoding="utf-8") as f:
             f.write(json.dumps(row, default=float) + "\n")
+        self.trackers.log_row(row)
 
     def log_trajectories(
         self, step: int, trajs: Sequence[Trajectory], decode: Callable[[Sequence[int]], str]
@@ -133,6 +138,8 @@ class RunDir:
         for t in trajs:
             t.metrics["rl_step"] = float(step)
         write_trajectories(self.dir / "trajectories.jsonl", trajs, decode, append=True)
+        if self.trackers:
+            self.trackers.log_texts("rl/samples", step, [decode(t.token_ids) for t in trajs])
 
     def log_rollouts(
         self,
@@ -329,7 +336,12 @@ class RunDir:
         table = summary_table(summary, metric)
         write_atomic(self.dir / "report.md", f"# Run report\n\n{table}\n")
         print("\n" + table, flush=True)
+        self.close()
         return table
+
+    def close(self) -> None:
+        """Flush and finish the trackers (`finish` does; idempotent)."""
+        self.trackers.close()
 
 
 def summary_table(summary: dict[str, Any], metric: str = "em") -> str:
