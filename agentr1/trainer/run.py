@@ -34,6 +34,9 @@ from agentr1.types import Task, Trajectory, TrajectoryGroup, json_line
 
 log = logging.getLogger(__name__)
 
+SFT_DIR = "sft"
+"""The warm start's checkpoints, under the run's ``checkpoints/`` (`agentr1.trainer.sft`)."""
+
 
 class _Bar:
     """tqdm with ETA when available and a terminal or log is attached."""
@@ -112,7 +115,7 @@ class RunDir:
         self.trackers = make_trackers(getattr(cfg, "log", None), self.dir)
         self.trackers.log_config(shown)
         self.ckpt_dir = self.checkpoints_of(self.dir)
-        for d in (self.ckpt_dir, self.ckpt_dir / "sft"):
+        for d in (self.ckpt_dir, self.ckpt_dir / SFT_DIR):
             remove_partial(d)
 
     @staticmethod

@@ -39,7 +39,7 @@ from agentr1.trainer.checkpoint import (
     set_rng_state,
 )
 from agentr1.trainer.logprobs import token_logprobs
-from agentr1.trainer.run import RunDir
+from agentr1.trainer.run import SFT_DIR, RunDir
 from agentr1.trainer.sampling import demo_picks
 from agentr1.trainer.setup import Setup, train_autocast
 from agentr1.types import RolloutBatch, Task, Trajectory
@@ -194,10 +194,6 @@ def _backward(model: Any, batch: RolloutBatch, context_weight: float) -> float |
         return None
     loss.backward()
     return agent_loss.item()
-
-
-SFT_DIR = "sft"
-"""The warm start's checkpoints, under the run's ``checkpoints/``."""
 
 
 def _save_sft(

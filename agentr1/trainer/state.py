@@ -35,10 +35,9 @@ from agentr1.trainer.checkpoint import (
     set_rng_state,
 )
 from agentr1.trainer.critic import ValueModel
-from agentr1.trainer.run import RunDir
+from agentr1.trainer.run import SFT_DIR, RunDir
 from agentr1.trainer.sampling import TaskSampler
 from agentr1.trainer.setup import Setup
-from agentr1.trainer.sft import SFT_DIR
 from agentr1.trainer.update import Learner
 
 log = logging.getLogger(__name__)
