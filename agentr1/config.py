@@ -335,9 +335,54 @@ class LogConfig:
 
 
 @dataclass(frozen=True)
+class DistributedConfig:
+    """Where a run's work goes when it outgrows one process (docs/distributed.md): rollout
+    workers and trainer ranks as Ray actors. The defaults keep everything in this process
+    (Ray is then never imported)."""
+
+    rollout_workers: int = 0
+    """Ray actors that sample episodes, each with its own generator (``model.backend``)
+    and envs; 0 = the rollout runs in this process."""
+    trainer_ranks: int = 1
+    """Data-parallel trainer ranks (this process is rank 0; the others are Ray actors
+    joined by ``torch.distributed``): each computes the gradient of its share of every
+    minibatch, summed over ranks, so the update is the one-process update."""
+    address: str = ""
+    """The Ray cluster: empty = start a local one in this process; ``auto`` = the one
+    ``ray start`` runs on this machine; ``HOST:PORT`` = the head of a running cluster."""
+    num_cpus: int = 0
+    """CPUs a local cluster offers (0 = Ray's own count); ignored when joining one."""
+    cpus_per_worker: float = 1.0
+    """CPUs Ray reserves for each rollout worker and trainer rank."""
+    gpus_per_worker: float = 0.0
+    """GPUs Ray reserves for each rollout worker and trainer rank (0 on a CPU cluster)."""
+    worker_threads: int = 0
+    """torch threads inside each actor (0 = ``cpus_per_worker`` rounded up)."""
+    tool_actors: int = 0
+    """Tool calls of the rollout run in a pool of this many Ray actors (0 = in the
+    rollout's own process, with the tool's ``isolation``)."""
+    restarts: int = 3
+    """How many times one step replaces a rollout worker whose process died before the
+    step fails."""
+
+
+@dataclass(frozen=True)
+class AsyncConfig:
+    """Asynchronous rollouts (docs/distributed.md): rollout workers sample the next
+    batches while the trainer updates on this one."""
+
+    max_staleness: int = 0
+    """k: a batch is trained only if every token was sampled by weights at most k
+    versions old. 0 = the synchronous loop, exactly."""
+    is_cap: float = 2.0
+    """The cap C of the truncated importance weight min(pi_old / pi_behaviour, C) that
+    corrects a stale batch's policy loss (used when ``max_staleness > 0``)."""
+
+
+@dataclass(frozen=True)
 class Config:
     """A whole run: one typed section per stage (model, task, rollout, sft, algo, optim,
-    train, eval, log), every field documented where it is declared.
+    train, eval, log, distributed, async), every field documented where it is declared.
 
     Build it with `load_config` (a YAML recipe plus ``section.field=value`` overrides,
     checked once) or in Python, ``dataclasses.replace(load_config(None), ...)``; call
@@ -360,6 +405,9 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    async_: AsyncConfig = field(default_factory=AsyncConfig)
+    """The recipe's ``async`` section (a Python keyword, hence the underscore here)."""
 
     def validate(self) -> None:
         """Check values once; each message says what is wrong and why it matters."""
@@ -459,6 +507,7 @@ class Config:
                 "penalty, subtracted); a negative one would pay the policy not to answer"
             )
         errors.extend(self.log_errors())
+        errors.extend(self.distributed_errors())
         errors.extend(self._task_errors())
         if errors:
             raise configutil.ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
@@ -481,6 +530,37 @@ class Config:
                 )
         if len(set(self.log.trackers)) != len(self.log.trackers):
             errors.append(f"log.trackers={list(self.log.trackers)}: a tracker named twice")
+        return errors
+
+    def distributed_errors(self) -> list[str]:
+        """The ``distributed`` and ``async`` sections make sense, and Ray is installed
+        when they ask for it (looked up, not imported)."""
+        d, a = self.distributed, self.async_
+        errors = []
+        if d.rollout_workers < 0 or d.trainer_ranks < 1 or d.restarts < 0:
+            errors.append(
+                f"distributed.rollout_workers={d.rollout_workers}, trainer_ranks="
+                f"{d.trainer_ranks}, restarts={d.restarts}: expected >= 0, >= 1 and >= 0"
+            )
+        if d.tool_actors < 0 or d.num_cpus < 0 or d.worker_threads < 0:
+            errors.append("distributed.tool_actors, num_cpus and worker_threads must be >= 0")
+        if not d.cpus_per_worker > 0 or d.gpus_per_worker < 0:
+            errors.append("distributed.cpus_per_worker must be > 0 and gpus_per_worker >= 0")
+        if a.max_staleness < 0 or not a.is_cap >= 1:
+            errors.append(
+                f"async.max_staleness={a.max_staleness}, is_cap={a.is_cap}: expected k >= 0 "
+                "and a cap >= 1 (a cap below 1 would down-weight even fresh tokens)"
+            )
+        if a.max_staleness and not d.rollout_workers:
+            errors.append(
+                f"async.max_staleness={a.max_staleness} needs distributed.rollout_workers >= 1:"
+                " asynchronous rollouts are sampled by workers while this process trains"
+            )
+        uses_ray = d.rollout_workers or d.trainer_ranks > 1 or d.tool_actors or d.address
+        if uses_ray and importlib.util.find_spec("ray") is None:
+            errors.append(
+                "distributed: Ray is not installed here; pip install 'agentr1[ray]' (or `make ray`)"
+            )
         return errors
 
     def _task_errors(self) -> list[str]:

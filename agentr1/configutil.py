@@ -8,6 +8,7 @@ valid keys. `to_dict` goes back (for ``config.yaml`` in the run directory).
 from __future__ import annotations
 
 import dataclasses
+import keyword
 import re
 import types
 import typing
@@ -90,10 +91,17 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     return value
 
 
+def field_key(name: str) -> str:
+    """The YAML key of dataclass field ``name``: a field named after a Python keyword
+    carries a trailing underscore in Python (``async_``), none in a recipe (``async``)."""
+    bare = name[:-1] if name.endswith("_") else name
+    return bare if keyword.iskeyword(bare) else name
+
+
 def build(cls: type[T], data: dict[str, Any], where: str = "") -> T:
     """Construct dataclass ``cls`` from a (nested) dict; unknown keys are errors."""
     hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
+    fields = {field_key(f.name): f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
     kwargs = {}
     for key, value in data.items():
         path = f"{where}.{key}" if where else key
@@ -102,6 +110,7 @@ def build(cls: type[T], data: dict[str, Any], where: str = "") -> T:
                 f"{path}: unknown field; valid fields of {cls.__name__}: {', '.join(sorted(fields))}"
             )
         f = fields[key]
+        key = f.name
         if isinstance(value, dict) and f.default_factory is not dataclasses.MISSING:
             # A partial section overrides the field's own default, not the class defaults
             # of its type (e.g. Config.rollout's defaults differ from RolloutConfig's).
@@ -121,9 +130,12 @@ def _merge(default: Any, top: dict[str, Any]) -> dict[str, Any]:
     """``top`` over the dict form of dataclass ``default``: nested dataclass sections merge
     field by field; any other value in ``top`` (a dict-valued field included, e.g. a map of
     eval splits) replaces the default whole, so a recipe can drop default entries."""
-    out = {f.name: to_dict(getattr(default, f.name)) for f in dataclasses.fields(default)}
+    out = {
+        field_key(f.name): to_dict(getattr(default, f.name)) for f in dataclasses.fields(default)
+    }
+    names = {field_key(f.name): f.name for f in dataclasses.fields(default)}
     for k, v in top.items():
-        sub = getattr(default, k, None)
+        sub = getattr(default, names.get(k, k), None)
         nested = isinstance(v, dict) and dataclasses.is_dataclass(sub) and not isinstance(sub, type)
         out[k] = _merge(sub, v) if nested else v
     return out
@@ -132,7 +144,7 @@ def _merge(default: Any, top: dict[str, Any]) -> dict[str, Any]:
 def to_dict(obj: Any) -> Any:
     """Dataclass tree -> plain dicts/lists (tuples become lists), for YAML."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return {field_key(f.name): to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, list | tuple):
         return [to_dict(v) for v in obj]
     if isinstance(obj, dict):
