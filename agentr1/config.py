@@ -361,6 +361,10 @@ class DistributedConfig:
     tool_actors: int = 0
     """Tool calls of the rollout run in a pool of this many Ray actors (0 = in the
     rollout's own process, with the tool's ``isolation``)."""
+    rollout_chunks: int = 2
+    """A step's task groups are cut into this many generate calls per rollout worker:
+    more balance the load better (the next call goes to the least loaded worker), fewer
+    batch more episodes into each call."""
     restarts: int = 3
     """How many times one step replaces a rollout worker whose process died before the
     step fails."""
@@ -542,8 +546,11 @@ class Config:
                 f"distributed.rollout_workers={d.rollout_workers}, trainer_ranks="
                 f"{d.trainer_ranks}, restarts={d.restarts}: expected >= 0, >= 1 and >= 0"
             )
-        if d.tool_actors < 0 or d.num_cpus < 0 or d.worker_threads < 0:
-            errors.append("distributed.tool_actors, num_cpus and worker_threads must be >= 0")
+        if d.tool_actors < 0 or d.num_cpus < 0 or d.worker_threads < 0 or d.rollout_chunks < 1:
+            errors.append(
+                "distributed.tool_actors, num_cpus and worker_threads must be >= 0, "
+                "rollout_chunks >= 1"
+            )
         if not d.cpus_per_worker > 0 or d.gpus_per_worker < 0:
             errors.append("distributed.cpus_per_worker must be > 0 and gpus_per_worker >= 0")
         if a.max_staleness < 0 or not a.is_cap >= 1:

@@ -202,6 +202,8 @@ class Turn:
         text: the decoded action text.
         finish: "stop" when generation ended on a stop token/string, "length" when it hit
             the token budget.
+        weight_version: the version of the weights that sampled the turn (the number of
+            updates behind them; `agentr1.distributed` checks staleness with it).
     """
 
     start: int
@@ -210,6 +212,7 @@ class Turn:
     reward: float = 0.0
     text: str = ""
     finish: str = "stop"
+    weight_version: int = 0
 
 
 @dataclass
@@ -275,7 +278,12 @@ class Trajectory:
         self.prompt_len = len(self.token_ids)
 
     def append_sampled(
-        self, ids: list[int], logprobs: list[float], text: str, finish: str = "stop"
+        self,
+        ids: list[int],
+        logprobs: list[float],
+        text: str,
+        finish: str = "stop",
+        weight_version: int = 0,
     ) -> Turn:
         """Append one agent turn exactly as sampled (``loss_mask = 1``)."""
         if len(ids) != len(logprobs):
@@ -290,6 +298,7 @@ class Trajectory:
             obs_end=len(self.token_ids),
             text=text,
             finish=finish,
+            weight_version=weight_version,
         )
         self.turns.append(turn)
         return turn

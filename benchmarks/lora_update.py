@@ -51,7 +51,7 @@ def one_batch(setup: Any) -> Any:
     from agentr1.trainer.state import Timer, make_state
 
     s = make_state(setup)
-    groups, _ = sample_rollouts(s, Timer())
+    groups, _, _ = sample_rollouts(s, Timer())
     return update_batch(s, collate_groups(groups, setup.pad_id), Timer())[0]
 
 

@@ -6,7 +6,7 @@ backend without the rollout knowing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
 
@@ -26,6 +26,9 @@ class SamplingParams:
         row_max_new_tokens: a cap per prompt of the call, each in [1, max_new_tokens]
             (an episode near its context limit gets less room than the others: one
             batched call serves them all); None = ``max_new_tokens`` for every row.
+        row_seeds: a seed per prompt of the call (overrides ``seed``): each row's draws
+            then depend on its own seed only, not on which rows share the call, so an
+            episode samples the same tokens in one process or on any rollout worker.
     """
 
     max_new_tokens: int = 256
@@ -35,6 +38,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
     row_max_new_tokens: tuple[int, ...] | None = None
+    row_seeds: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -59,6 +63,17 @@ class SamplingParams:
         caps = self.row_max_new_tokens
         if caps is not None and len(caps) != n:
             raise ValueError(f"row_max_new_tokens has {len(caps)} caps for {n} prompts")
+        if self.row_seeds is not None and len(self.row_seeds) != n:
+            raise ValueError(f"row_seeds has {len(self.row_seeds)} seeds for {n} prompts")
+
+    def select(self, rows: list[int]) -> SamplingParams:
+        """These params for the sub-call of prompts ``rows`` (their caps and seeds)."""
+        caps, seeds = self.row_max_new_tokens, self.row_seeds
+        return replace(
+            self,
+            row_max_new_tokens=None if caps is None else tuple(caps[i] for i in rows),
+            row_seeds=None if seeds is None else tuple(seeds[i] for i in rows),
+        )
 
 
 @dataclass

@@ -171,8 +171,20 @@ def sampling_logprobs(logits_BV: torch.Tensor, temperature: float, top_p: float)
     return logprobs_BV - logprobs_BV.logsumexp(dim=-1, keepdim=True)
 
 
+RowRng = torch.Generator | list[torch.Generator] | None
+"""One generator for the whole call, one per row (``SamplingParams.row_seeds``), or none."""
+
+
+def _uniform_B1(rng: RowRng, n: int, device: torch.device) -> torch.Tensor:
+    """One uniform draw per row: row ``i`` from its own generator when there is one per
+    row (so its draws do not depend on which rows share the call). [B, 1]"""
+    if isinstance(rng, list):
+        return torch.cat([torch.rand((1, 1), generator=g, device=g.device) for g in rng]).to(device)
+    return torch.rand((n, 1), generator=rng, device=device)
+
+
 def sample_next(
-    logits_BV: torch.Tensor, params: SamplingParams, rng: torch.Generator | None
+    logits_BV: torch.Tensor, params: SamplingParams, rng: RowRng
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row; return ``(tokens_B, logprobs_B)`` (see ``sampling_logprobs``)."""
     logprobs_BV = sampling_logprobs(logits_BV, params.temperature, params.top_p)
@@ -184,7 +196,7 @@ def sample_next(
         # time for small models. right=True never lands on a zero-probability token:
         # it returns the first i with cdf[i] > u >= cdf[i-1], so p_i > 0.
         cdf_BV = logprobs_BV.exp().cumsum(dim=-1)
-        u_B1 = torch.rand((cdf_BV.shape[0], 1), generator=rng, device=cdf_BV.device)
+        u_B1 = _uniform_B1(rng, cdf_BV.shape[0], cdf_BV.device)
         u_B1 = u_B1.to(cdf_BV.dtype) * cdf_BV[:, -1:]
         tokens_B = torch.searchsorted(cdf_BV, u_B1, right=True).squeeze(-1)
         tokens_B = tokens_B.clamp(max=cdf_BV.shape[-1] - 1)
@@ -370,6 +382,8 @@ class HFGenerator:
         self.batch_size = batch_size
         self.share_prefix = share_prefix
         self.last_stats = GenerationStats()
+        self.weight_version = 0
+        """How many updates behind the weights sampling now (set by whoever syncs them)."""
         # Any valid id works as padding (it is masked out everywhere) and 0 always exists;
         # configs' pad ids are often None or, for some checkpoints, outside the embedding.
         self.pad_id = 0
@@ -467,7 +481,11 @@ class HFGenerator:
                     rows_kept = [kept[i] for i in rows] if kept is not None else None
                     caps = [params.cap(i) for i in rows]
                     done = self._generate_chunk(
-                        [prompts[i] for i in rows], params, rng, rows_kept, caps
+                        [prompts[i] for i in rows],
+                        params,
+                        self._rng(params, rows, rng),
+                        rows_kept,
+                        caps,
                     )
                     results.update(zip(rows, done, strict=True))
         finally:
@@ -476,6 +494,14 @@ class HFGenerator:
         stats.new_tokens = sum(len(c.token_ids) for c in results.values())
         stats.wall_s = time.perf_counter() - start
         return [results[i] for i in range(len(prompts))]
+
+    def _rng(self, params: SamplingParams, rows: list[int], shared: RowRng) -> RowRng:
+        """The generators of a chunk's ``rows``: one per row when the call has row seeds,
+        else the call's own."""
+        if params.row_seeds is None:
+            return shared
+        device = self.model.device
+        return [torch.Generator(device=device).manual_seed(params.row_seeds[i]) for i in rows]
 
     def _forward(
         self,
@@ -503,7 +529,7 @@ class HFGenerator:
         self,
         prompts: list[list[int]],
         params: SamplingParams,
-        rng: torch.Generator | None,
+        rng: RowRng,
         kept: list[KeptRow | None] | None = None,
         caps: list[int] | None = None,
     ) -> list[Completion]:

@@ -19,7 +19,8 @@ Mapping of `SamplingParams` (one to one): ``max_new_tokens`` -> ``max_tokens``,
 ``temperature``, ``top_p``, ``stop`` (kept in the output: ``include_stop_str_in_output``),
 ``stop_token_ids`` (the model's EOS is not implied: ``ignore_eos=True``), ``seed``: vLLM
 seeds each request alone, so row ``i`` of a call gets ``seed * 1_000_003 + i`` (the same
-seed for every row would give a GRPO group identical samples). ``logprobs=0``: only the
+seed for every row would give a GRPO group identical samples); ``row_seeds`` give each
+request its own seed instead. ``logprobs=0``: only the
 sampled token's log-prob.
 
 Multi-turn: every turn re-submits the whole episode as token ids; automatic prefix
@@ -160,7 +161,10 @@ class VLLMGenerator:
     # ------------------------------------------------------------------ generation
     def sampling_params(self, params: SamplingParams, row: int) -> Any:
         """vLLM's ``SamplingParams`` for row ``row`` of a call (module docstring)."""
-        seed = None if params.seed is None else params.seed * SEED_STRIDE + row
+        if params.row_seeds is not None:
+            seed: int | None = params.row_seeds[row] % 2**63
+        else:
+            seed = None if params.seed is None else params.seed * SEED_STRIDE + row
         return self._vllm.SamplingParams(
             n=1,
             temperature=params.temperature,

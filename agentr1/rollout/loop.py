@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -89,6 +90,17 @@ class RolloutStats:
 class _Episode:
     env: ToolEnv
     traj: Trajectory
+    group: int = 0
+    """The episode's group's position in the step (seeds its draws)."""
+
+
+def row_seed(seed: int, group: int, sample: int, turn: int) -> int:
+    """The sampling seed of one episode's turn: a function of the rollout's seed, the
+    episode's group (its position in the step), its sample index and the turn only, so
+    the episode draws the same tokens whichever episodes share its generate call, in one
+    process or on any rollout worker."""
+    key = f"{seed}:{group}:{sample}:{turn}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
 
 
 def run_rollout(
@@ -98,22 +110,29 @@ def run_rollout(
     chat: ChatFormat,
     cfg: RolloutConfig,
     stats: RolloutStats | None = None,
+    group_ids: Sequence[int] | None = None,
 ) -> list[TrajectoryGroup]:
     """Run ``cfg.n_samples`` episodes per task to completion; one group per task.
 
     Every returned trajectory has a ``stop_reason``. Tool failures are observations, not
     exceptions; an env that raises ends only its own episode (``error``, turn masked out).
+    ``group_ids`` are the tasks' positions in the whole step (default 0, 1, ...): a
+    worker that runs some of a step's tasks passes theirs, and draws what one process
+    would (`row_seed`).
     """
     stats = stats if stats is not None else RolloutStats()
     t0 = time.perf_counter()
+    ids = list(range(len(tasks))) if group_ids is None else list(group_ids)
+    if len(ids) != len(tasks):
+        raise ValueError(f"{len(ids)} group ids for {len(tasks)} tasks")
     episodes: list[_Episode] = []
-    for task in tasks:
+    for task, gid in zip(tasks, ids, strict=True):
         for g in range(cfg.n_samples):
             env = make_env()
             msgs = env.reset(task)
             traj = Trajectory(task_id=task.id, sample_index=g, messages=list(msgs))
             traj.append_prompt(chat.prompt_ids(msgs, env.tool_schemas))
-            episodes.append(_Episode(env, traj))
+            episodes.append(_Episode(env, traj, gid))
             if traj.prompt_len >= cfg.max_context:
                 _finish(episodes[-1], StopReason.MAX_CONTEXT, None)
 
@@ -146,20 +165,25 @@ def _run_turns(
     loop: asyncio.AbstractEventLoop,
 ) -> None:
     """Sample a turn for every live episode, step their envs, until none is live."""
-    turn_index = 0
     while live := [e for e in episodes if e.traj.stop_reason is None]:
         # One batched call for every live episode; one near the context limit gets a
         # smaller cap of its own (splitting the batch by cap doubled the decode passes).
         caps = [min(cfg.max_tokens_per_turn, cfg.max_context - len(e.traj.token_ids)) for e in live]
+        seed = cfg.seed
         params = SamplingParams(
             max_new_tokens=max(caps),
             temperature=cfg.temperature,
             top_p=cfg.top_p,
             stop=cfg.stop,
             stop_token_ids=chat.stop_token_ids,
-            seed=None if cfg.seed is None else cfg.seed + turn_index,
             row_max_new_tokens=None if min(caps) == max(caps) else tuple(caps),
+            row_seeds=None
+            if seed is None
+            else tuple(
+                row_seed(seed, e.group, e.traj.sample_index, e.traj.num_turns) for e in live
+            ),
         )
+        version = int(getattr(generator, "weight_version", 0))
         tg = time.perf_counter()
         outs = generator.generate([e.traj.token_ids for e in live], params)
         stats.generate_s += time.perf_counter() - tg
@@ -169,13 +193,12 @@ def _run_turns(
             )
         outs = [_within(out, cap) for out, cap in zip(outs, caps, strict=True)]
         te = time.perf_counter()
-        steps = loop.run_until_complete(_step_all(live, outs, chat))
+        steps = loop.run_until_complete(_step_all(live, outs, chat, version))
         stats.env_s += time.perf_counter() - te
         for e, out, step in zip(live, outs, steps, strict=True):
             stats.turns += 1
             stats.generated_tokens += len(out.token_ids)
             _advance(e, out, step, chat, cfg)
-        turn_index += 1
 
 
 def _within(out: Completion, cap: int) -> Completion:
@@ -187,13 +210,14 @@ def _within(out: Completion, cap: int) -> Completion:
 
 
 async def _step_all(
-    group: list[_Episode], outs: list[Completion], chat: ChatFormat
+    group: list[_Episode], outs: list[Completion], chat: ChatFormat, version: int
 ) -> list[StepResult | BaseException]:
-    """Append each sampled turn, then step every env concurrently."""
+    """Append each sampled turn (sampled by weights ``version``), then step every env
+    concurrently."""
     texts = []
     for e, out in zip(group, outs, strict=True):
         text = chat.assistant_text(out.token_ids)
-        e.traj.append_sampled(out.token_ids, out.logprobs, text, finish=out.finish_reason)
+        e.traj.append_sampled(out.token_ids, out.logprobs, text, out.finish_reason, version)
         e.traj.messages.append(Message("assistant", text))
         texts.append(text)
     return list(

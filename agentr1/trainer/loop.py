@@ -29,11 +29,12 @@ from agentr1.config import Config
 from agentr1.envs.base import ERROR_KINDS
 from agentr1.eval.evaluate import EvalResult
 from agentr1.rollout.collate import collate_groups
-from agentr1.rollout.loop import RolloutStats, run_rollout
+from agentr1.rollout.loop import RolloutStats
 from agentr1.tasks import TaskSpec
 from agentr1.trainer import best
 from agentr1.trainer.checkpoint import latest_checkpoint, update_checkpoint_meta, write_failed
 from agentr1.trainer.evaluation import eval_record, log_eval, run_eval
+from agentr1.trainer.rollouts import make_rollouts
 from agentr1.trainer.run import RunDir
 from agentr1.trainer.scoring import update_batch
 from agentr1.trainer.setup import Setup, build_setup, train_autocast
@@ -58,16 +59,15 @@ Evaluated = tuple[int, dict[str, dict[str, EvalResult]]]
 
 
 # ---------------------------------------------------------------------------- one step
-def sample_rollouts(s: TrainState, timer: Timer) -> tuple[list[TrajectoryGroup], RolloutStats]:
-    """Sample tasks and run n_samples episodes for each (one group per task)."""
-    cfg = s.setup.cfg
-    tasks = s.sampler.sample(cfg.train.tasks_per_step)
-    rcfg = dataclasses.replace(cfg.rollout, seed=cfg.train.seed * 1_000_003 + s.step)
-    stats = RolloutStats()
-    s.setup.policy.eval()
-    with timer("rollout"):
-        groups = run_rollout(tasks, s.setup.make_env, s.setup.generator, s.setup.chat, rcfg, stats)
-    return groups, stats
+def sample_rollouts(
+    s: TrainState, timer: Timer
+) -> tuple[list[TrajectoryGroup], RolloutStats, dict[str, float]]:
+    """Sample tasks and run n_samples episodes for each (one group per task), here or on
+    the rollout workers (`agentr1.trainer.rollouts`); with staleness metrics."""
+    if s.rollouts is None:  # the first step: the workers start from these weights
+        s.rollouts = make_rollouts(s)
+    groups, stats, metrics = s.rollouts.batch(s, timer)
+    return groups, stats, metrics
 
 
 def rl_step(s: TrainState, run: RunDir) -> dict[str, float]:
@@ -75,7 +75,7 @@ def rl_step(s: TrainState, run: RunDir) -> dict[str, float]:
     cfg = s.setup.cfg
     timer = Timer()
     t0 = time.perf_counter()
-    groups, stats = sample_rollouts(s, timer)
+    groups, stats, async_metrics = sample_rollouts(s, timer)
     batch = collate_groups(groups, s.setup.pad_id).to(s.setup.policy.device)
     ub, scores, adv_metrics = update_batch(s, batch, timer)
     with timer("update"):
@@ -90,9 +90,9 @@ def rl_step(s: TrainState, run: RunDir) -> dict[str, float]:
             autocast=lambda: train_autocast(cfg, s.setup.policy),
         )
     with timer("sync_sampler"):
-        s.setup.sync_sampler()
+        s.rollouts.synced(s, s.step + 1)
     names = s.setup.task.metric_names
-    metrics = {"step": float(s.step), **rollout_metrics(groups, stats, names)}
+    metrics = {"step": float(s.step), **rollout_metrics(groups, stats, names), **async_metrics}
     metrics |= adv_metrics | upd
     if scores.old_BT is not None:
         # Token in, token out: the trainer's log-probs should match the sampler's.
@@ -177,6 +177,7 @@ def train(
         log.warning("%s has no checkpoint to resume from: starting afresh", cfg.train.run_dir)
         resume = False  # and what a killed attempt logged goes (fresh), not doubled
     run = RunDir(cfg.train.run_dir, _shown_config(cfg, task), fresh=not resume)
+    state: TrainState | None = None
     try:
         setup = build_setup(cfg, task)
         state = make_state(setup)
@@ -204,6 +205,16 @@ def train(
         finish(setup, state.step, run, summary)
         return summary
     finally:  # a stopped or failed run too: the trackers get what it logged
+        close_run(run, state)
+
+
+def close_run(run: RunDir, state: TrainState | None) -> None:
+    """The end of a run, finished or not: its rollout workers stop, its trackers flush."""
+    try:
+        if state is not None and state.rollouts is not None:
+            state.rollouts.close()
+            state.rollouts = None
+    finally:
         run.close()
 
 

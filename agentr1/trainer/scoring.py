@@ -12,6 +12,7 @@ Notation: B = rows (episodes), T = tokens.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -89,8 +90,9 @@ def score_batch(
 
     old = ref = values = None
     on_policy = cfg.optim.ppo_epochs == 1 and cfg.optim.minibatches == 1
+    stale = cfg.async_.max_staleness > 0  # the proximal policy of the IS weights
     with train_autocast(cfg, policy):
-        if not on_policy or not cfg.algo.loss_mask:
+        if not on_policy or not cfg.algo.loss_mask or stale:
             with timer("old_logprobs"):
                 policy.eval()
                 old = logprobs(policy)
@@ -146,14 +148,52 @@ def update_batch(
     scores = score_batch(s, batch, train_mask_BT, timer)
     with timer("advantage"):
         adv = step_advantages(cfg, batch, scores, adv_mask_BT)
+    advantages_BT = adv.advantages_BT * train_mask_BT
+    metrics = dict(adv.metrics)
+    if cfg.async_.max_staleness > 0 and scores.old_BT is not None:
+        is_BT, is_metrics = truncated_is_weights(
+            scores.old_BT, batch.old_logprobs_BT, batch.loss_mask_BT, cfg.async_.is_cap
+        )
+        advantages_BT = advantages_BT * is_BT
+        metrics |= is_metrics
     ub = UpdateBatch(
         input_ids_BT=batch.input_ids_BT,
         attention_mask_BT=batch.attention_mask_BT,
         loss_mask_BT=train_mask_BT,
-        advantages_BT=adv.advantages_BT * train_mask_BT,
+        advantages_BT=advantages_BT,
         old_logprobs_BT=scores.old_BT,
         ref_logprobs_BT=scores.ref_BT,
         returns_BT=adv.returns_BT if s.critic is not None else None,
         old_values_BT=scores.values_BT,
     )
-    return ub, scores, adv.metrics
+    return ub, scores, metrics
+
+
+def truncated_is_weights(
+    prox_BT: torch.Tensor, behaviour_BT: torch.Tensor, mask_BT: torch.Tensor, cap: float
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Per-token importance weights ``min(pi_prox / pi_behaviour, cap)`` of a stale batch,
+    1 off the mask, and their metrics.
+
+    The decoupled PPO objective of AReaL (Fu et al., 2025, "AReaL: A Large-Scale
+    Asynchronous Reinforcement Learning System for Language Reasoning", §5): the clipped
+    ratio is taken against the proximal policy (the trainer's weights before this
+    update, ``prox``) and the whole token term is weighted by ``pi_prox / pi_behaviour``,
+    the behaviour policy being the (older) weights that sampled the token, whose
+    log-probs the rollout recorded. The weight is truncated from above at ``cap``, as in
+    truncated importance sampling (Yao et al., 2025, "Your Efficient RL Framework Secretly
+    Brings You Off-Policy RL Training"; verl's ``tis_imp_ratio_cap``), so one token the
+    old weights found unlikely cannot dominate the step. A weight on the advantage is
+    the same as a weight on the token's loss for every loss that is positively
+    homogeneous in the advantage (PPO clip, dual clip), and costs nothing extra.
+    """
+    keep_BT = mask_BT > 0
+    log_w_BT = torch.where(keep_BT, prox_BT - behaviour_BT, torch.zeros_like(prox_BT))
+    w_BT = log_w_BT.clamp(max=math.log(cap)).exp()
+    n = keep_BT.sum().clamp(min=1)
+    metrics = {
+        "async/is_weight_mean": float((w_BT * keep_BT).sum() / n),
+        "async/is_clipped": float(((log_w_BT >= math.log(cap)) & keep_BT).sum() / n),
+        "async/behaviour_kl": float(((-log_w_BT) * keep_BT).sum() / n),
+    }
+    return torch.where(keep_BT, w_BT, torch.ones_like(w_BT)), metrics

@@ -58,6 +58,9 @@ class Setup:
     generator: Generator
     pad_id: int
     model_dir: Path
+    given_task: TaskSpec | None = None
+    """The task when it was given in Python (rollout workers get it as it is; else they
+    build the one ``cfg.task`` names)."""
 
     @property
     def tasks(self) -> Any:
@@ -74,11 +77,7 @@ class Setup:
         are shared). Call after every change to the policy's weights."""
         if self.sampler_is_policy:
             return
-        weights = lora.merged_state_dict(self.policy)
-        if isinstance(self.generator, HFGenerator):
-            self.generator.model.load_state_dict(weights)
-        else:  # an engine of its own (vllm)
-            self.generator.load_weights(weights)
+        load_sampler_weights(self.generator, lora.merged_state_dict(self.policy))
 
     def demo_sources(self, seed: int) -> list[DemoSource]:
         """(tasks, env factory, scripted generator) per demonstration source of the task.
@@ -107,6 +106,15 @@ class Setup:
     def eval_splits(self) -> list[str]:
         """``eval.splits``, or the task's evaluation splits when it is empty."""
         return list(self.cfg.eval.splits) or self.task.default_eval_splits
+
+
+def load_sampler_weights(generator: Generator, weights: dict[str, torch.Tensor]) -> None:
+    """Make ``generator`` sample from ``weights`` (HF names, adapters merged): its model's
+    own copy (``hf``) or its engine (``vllm``)."""
+    if isinstance(generator, HFGenerator):
+        generator.model.load_state_dict(weights)
+    else:
+        generator.load_weights(weights)  # type: ignore[attr-defined]
 
 
 def _tiny_model_dir(cfg: Config, cache_root: Path, texts: Sequence[str]) -> Path:
@@ -163,6 +171,39 @@ def build_setup(
     if cfg.train.threads > 0:
         torch.set_num_threads(cfg.train.threads)
     spec = load_task(cfg, task)
+    path, model_dir = model_path(cfg, spec, cache_root)
+    tokenizer, chat, policy, generator, pad_id = load_policy(cfg, path)
+    make_env = spec.env_factory(listed=not chat.renders_tools)
+    return Setup(cfg, spec, make_env, tokenizer, chat, policy, generator, pad_id, model_dir, task)
+
+
+def sampler_setup(
+    cfg: Config, path: str, task: TaskSpec | None = None
+) -> tuple[Callable[[], ToolEnv], ChatFormat, Generator]:
+    """What a rollout worker needs and nothing more: the task's env factory, the chat
+    format and a generator in the sampler's dtype over the model at ``path`` (the
+    driver's `Setup.model_dir`; no trainable policy, no LoRA: the driver sends merged
+    weights)."""
+    from agentr1.models import load_model, load_tokenizer
+
+    torch.manual_seed(cfg.train.seed)
+    spec = load_task(cfg, task)
+    tokenizer = load_tokenizer(path)
+    chat = ChatFormat.from_hf(tokenizer, chat_template=TEMPLATES[cfg.model.chat_template])
+    make_env = spec.env_factory(listed=not chat.renders_tools)
+    if rollout_backend(cfg) == "vllm":
+        return make_env, chat, vllm_generator(cfg, path)
+    bf16 = "bfloat16" in (cfg.model.sampler_dtype, cfg.model.dtype)
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    model = load_model(path, dtype=dtype, device=resolve_device(cfg.model.device)).eval()
+    model.requires_grad_(False)
+    keep = int(cfg.model.keep_kv_gib * 2**30)
+    return make_env, chat, HFGenerator(model, tokenizer, keep_cache_bytes=keep)
+
+
+def model_path(cfg: Config, spec: TaskSpec, cache_root: str | Path | None) -> tuple[str, Path]:
+    """(what to load the policy from, its directory): ``model.path``, or for the tiny model
+    its build for this task, made now unless cached."""
     if cfg.model.path == "tiny":
         from agentr1.models import cache_dir
         from agentr1.tiny import build_and_save
@@ -178,13 +219,8 @@ def build_setup(
                 os.replace(tmp, model_dir)
             except OSError:
                 shutil.rmtree(tmp, ignore_errors=True)
-        path = str(model_dir)
-    else:
-        path = cfg.model.path  # a local directory, a hub id, or a known alias
-        model_dir = Path(path)
-    tokenizer, chat, policy, generator, pad_id = load_policy(cfg, path)
-    make_env = spec.env_factory(listed=not chat.renders_tools)
-    return Setup(cfg, spec, make_env, tokenizer, chat, policy, generator, pad_id, model_dir)
+        return str(model_dir), model_dir
+    return cfg.model.path, Path(cfg.model.path)  # a local directory, a hub id, an alias
 
 
 def load_policy(cfg: Config, path: str) -> tuple[Any, ChatFormat, Any, Generator, int]:

@@ -72,6 +72,9 @@ class TrainState:
     critic_optimizer: torch.optim.Optimizer | None = None
     reference: Any | None = None
     step: int = 0
+    rollouts: Any = None
+    """Where the step's episodes come from (`agentr1.trainer.rollouts`), made at the first
+    RL step (after the warm start and any restore: the workers get those weights)."""
 
     @property
     def learner(self) -> Learner:

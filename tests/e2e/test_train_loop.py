@@ -88,11 +88,11 @@ def test_every_estimator_trains(
 
     def rewarded(s, timer):  # type: ignore[no-untyped-def]
         """The tiny model earns nothing yet; group 0 gets rewards 1 / 0, group 1 a tie."""
-        groups, stats = real(s, timer)
+        groups, stats, extra = real(s, timer)
         for g, rewards in zip(groups, ([1.0, 0.0], [0.5, 0.5]), strict=True):
             for t, r in zip(g.trajectories, rewards, strict=True):
                 t.outcome_reward = r
-        return groups, stats
+        return groups, stats, extra
 
     monkeypatch.setattr(loop, "sample_rollouts", rewarded)
     extra = ["algo.kl_coef=0.01"] if estimator == "gae" else []

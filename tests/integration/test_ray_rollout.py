@@ -1,0 +1,182 @@
+"""Rollout workers on a local Ray cluster (2 CPUs): what they sample, how they fail.
+
+Marked ``ray`` (``make test-ray``): each test starts worker processes, seconds apiece.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ray = pytest.importorskip("ray", reason="Ray is not installed here: make ray")
+
+from agentr1 import lora  # noqa: E402
+from agentr1.config import DistributedConfig, load_config  # noqa: E402
+from agentr1.distributed.cluster import connect  # noqa: E402
+from agentr1.distributed.rollout import RolloutPool, RolloutWorkerError  # noqa: E402
+from agentr1.rollout.loop import RolloutStats, run_rollout  # noqa: E402
+from agentr1.tasks import TaskSpec  # noqa: E402
+from agentr1.trainer.setup import Setup, build_setup  # noqa: E402
+from agentr1.types import TrajectoryGroup  # noqa: E402
+
+pytestmark = pytest.mark.ray
+
+SMALL = [
+    "task.config.world.n_train=40",
+    "task.config.world.n_test=4",
+    "task.config.world.n_test_ood=4",
+    "model.tiny.hidden_size=32",
+    "model.tiny.intermediate_size=64",
+    "model.tiny.vocab_size=600",
+    "sft.enabled=false",
+    "rollout.n_samples=3",
+    "rollout.max_tokens_per_turn=24",
+    "rollout.max_turns=3",
+    "rollout.temperature=1.0",
+    "distributed.rollout_workers=2",
+    "distributed.num_cpus=2",
+    "distributed.worker_threads=1",
+]
+DRIVER_PID = os.getpid()
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Any:
+    connect(DistributedConfig(num_cpus=2))  # the run's own way (workers import tests.*)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory, cluster: Any) -> Setup:
+    return build_setup(load_config(None, SMALL), cache_root=tmp_path_factory.mktemp("tiny"))
+
+
+def episodes(groups: list[TrajectoryGroup]) -> list[tuple[str, int, list[int], str]]:
+    return [
+        (t.task_id, t.sample_index, t.token_ids, str(t.stop_reason))
+        for g in groups
+        for t in g.trajectories
+    ]
+
+
+def pool_for(setup: Setup, task: TaskSpec | None = None, **dist: Any) -> RolloutPool:
+    cfg = setup.cfg
+    cfg = dataclasses.replace(cfg, distributed=dataclasses.replace(cfg.distributed, **dist))
+    pool = RolloutPool(cfg, str(setup.model_dir), task)
+    pool.sync(lora.merged_state_dict(setup.policy), 7)
+    return pool
+
+
+def test_two_workers_sample_what_one_process_does(setup: Setup) -> None:
+    tasks = list(setup.task.splits["train"])[:8]
+    rcfg = dataclasses.replace(setup.cfg.rollout, seed=1234)
+    local = run_rollout(tasks, setup.make_env, setup.generator, setup.chat, rcfg)
+    pool = pool_for(setup, rollout_chunks=2)
+    try:
+        stats = RolloutStats()
+        remote = pool.run(tasks, rcfg, stats)
+    finally:
+        pool.close()
+    assert episodes(remote) == episodes(local)  # the same tokens, episode for episode
+    assert len({len(t.token_ids) for g in local for t in g.trajectories}) > 1  # not trivial
+    for gl, gr in zip(local, remote, strict=True):
+        assert gr.task.id == gl.task.id
+        for a, b in zip(gl.trajectories, gr.trajectories, strict=True):
+            assert a.loss_mask == b.loss_mask
+            assert b.logprobs == pytest.approx(a.logprobs, abs=1e-5)
+            assert {t.weight_version for t in b.turns} == {7}  # the version synced
+    assert stats.episodes == 8 * 3 and stats.generated_tokens > 0
+
+
+def slow_reset(spec: TaskSpec, seconds: float) -> TaskSpec:
+    """``spec`` whose envs take ``seconds`` to reset on a worker (not in the driver)."""
+    base = spec.make_env
+
+    def make_env(**kwargs: Any) -> Any:
+        env = base(**kwargs)
+        reset = env.reset
+
+        def slow(task: Any) -> Any:
+            if os.getpid() != DRIVER_PID:
+                time.sleep(seconds)
+            return reset(task)
+
+        env.reset = slow
+        return env
+
+    return dataclasses.replace(spec, make_env=make_env)
+
+
+def test_a_worker_killed_mid_step_is_replaced_and_nothing_is_lost(setup: Setup) -> None:
+    tasks = list(setup.task.splits["train"])[:8]
+    rcfg = dataclasses.replace(setup.cfg.rollout, seed=99)
+    expected = episodes(run_rollout(tasks, setup.make_env, setup.generator, setup.chat, rcfg))
+    pool = pool_for(setup, slow_reset(setup.task, 0.25), rollout_chunks=2)
+    victim = pool.workers[0].pid
+    try:
+        # 4 calls of 2 groups x 3 episodes, 1.5 s of resets each: the kill lands mid-call.
+        killer = threading.Timer(0.8, os.kill, (victim, signal.SIGKILL))
+        killer.start()
+        stats = RolloutStats()
+        got = pool.run(tasks, rcfg, stats)
+        killer.join()
+    finally:
+        pool.close()
+    assert pool.restarts == 1
+    assert episodes(got) == expected  # every episode once, as sampled without the kill
+    assert stats.episodes == 8 * 3  # the killed call is not counted
+
+
+def raising(spec: TaskSpec) -> TaskSpec:
+    """``spec`` whose envs cannot be made on a worker."""
+    base = spec.make_env
+
+    def make_env(**kwargs: Any) -> Any:
+        if os.getpid() != DRIVER_PID:
+            raise RuntimeError("the env's database is locked")
+        return base(**kwargs)
+
+    return dataclasses.replace(spec, make_env=make_env)
+
+
+def test_a_worker_that_raises_is_named(setup: Setup) -> None:
+    pool = pool_for(setup, raising(setup.task))
+    try:
+        with pytest.raises(RolloutWorkerError) as err:
+            pool.run(list(setup.task.splits["train"])[:2], setup.cfg.rollout)
+    finally:
+        pool.close()
+    msg = str(err.value)
+    assert "rollout worker 'rollout-" in msg and "(pid " in msg
+    assert "RuntimeError: the env's database is locked" in msg
+    assert "tasks [" in msg
+
+
+def test_workers_that_keep_dying_fail_the_step(setup: Setup, tmp_path: Path) -> None:
+    pool = pool_for(setup, slow_reset(setup.task, 0.3), restarts=1, rollout_chunks=1)
+    stop = threading.Event()
+
+    def kill_all() -> None:
+        while not stop.is_set():
+            for w in list(pool.workers):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(w.pid, signal.SIGKILL)
+            time.sleep(0.3)
+
+    try:
+        killer = threading.Thread(target=kill_all, daemon=True)
+        killer.start()
+        with pytest.raises(RolloutWorkerError, match=r"died .*distributed.restarts=1"):
+            pool.run(list(setup.task.splits["train"])[:4], setup.cfg.rollout)
+    finally:
+        stop.set()
+        pool.close()
