@@ -21,7 +21,7 @@ import types
 import typing
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from agentr1.tools.workers import (
     MAX_HUNG,
@@ -35,7 +35,10 @@ from agentr1.tools.workers import (
 )
 from agentr1.types import ToolResult
 
-Isolation = Literal["thread", "process", "inline"]
+if TYPE_CHECKING:
+    from agentr1.distributed.tools import RayCalls
+
+Isolation = Literal["thread", "process", "inline", "ray"]
 """Where a `FunctionTool`'s calls run (`agentr1.tools.workers`)."""
 
 
@@ -219,9 +222,10 @@ class FunctionTool:
         fn, name, description, parameters: the function and what the model is shown.
         timeout_s: seconds a call may run.
         isolation: where calls run: "thread" (default), "process" (killable worker
-            processes; the function must be importable) or "inline" (async functions
-            only: the rollout's event loop). See `agentr1.tools.workers`.
-        processes: worker processes with ``isolation="process"``.
+            processes; the function must be importable), "inline" (async functions
+            only: the rollout's event loop) or "ray" (killable Ray actors,
+            `agentr1.distributed.tools`). See `agentr1.tools.workers`.
+        processes: worker processes (or actors) with ``isolation="process"`` ("ray").
         max_hung: calls still running past their timeout (threads cannot be killed)
             before further calls are refused as ``tool_unavailable``.
     """
@@ -235,13 +239,15 @@ class FunctionTool:
     processes: int = 2
     max_hung: int = MAX_HUNG
     _hung: HungCalls = field(default_factory=HungCalls, init=False, repr=False, compare=False)
-    _pool: ProcessCalls | None = field(default=None, init=False, repr=False, compare=False)
+    _pool: ProcessCalls | RayCalls | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
-        if self.isolation not in ("thread", "process", "inline"):
+        if self.isolation not in ("thread", "process", "inline", "ray"):
             raise ValueError(
-                f"tool {self.name}: isolation={self.isolation!r}; expected thread, process "
-                "or inline"
+                f"tool {self.name}: isolation={self.isolation!r}; expected thread, process, "
+                "inline or ray"
             )
         if self.isolation == "inline" and not inspect.iscoroutinefunction(self.fn):
             raise ValueError(
@@ -250,6 +256,10 @@ class FunctionTool:
             )
         if self.isolation == "process":
             self._pool = ProcessCalls(self.fn, self.processes)
+        elif self.isolation == "ray":  # Ray actors: `agentr1.distributed.tools`
+            from agentr1.distributed.tools import RayCalls
+
+            self._pool = RayCalls(self.fn, self.processes)
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickled (for another process, a Ray actor) with its settings; the function by

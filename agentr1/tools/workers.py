@@ -20,7 +20,10 @@ must not take capacity from the calls after it. Three places, chosen per tool
 - ``"inline"`` (async tools only): the rollout's own event loop, for a tool that shares
   state with it (a client bound to the loop); a blocking tool then blocks every episode.
 
-The issue "When users outgrow one process" (Ray) adds a pool of Ray actors as a fourth.
+- ``"ray"``: a pool of Ray actors (`agentr1.distributed.tools.RayCalls`), killed like the
+  worker processes past a timeout or replaced when they die; the function travels by
+  value, so it need not be importable. ``distributed.tool_actors`` gives this isolation
+  to every ``@tool`` function of a run that kept the default.
 """
 
 from __future__ import annotations

@@ -150,6 +150,10 @@ def load_task(cfg: Config, task: TaskSpec | None = None) -> TaskSpec:
     spec = (
         build_task(cfg.task, task_context(cfg)) if task is None else apply_overrides(task, cfg.task)
     )
+    if cfg.distributed.tool_actors:
+        from agentr1.distributed.tools import tools_on_actors
+
+        spec = tools_on_actors(spec, cfg.distributed)
     unknown = [s for s in cfg.eval.splits if s not in spec.splits]
     if unknown:
         raise configutil.ConfigError(
