@@ -57,6 +57,8 @@ def connect(d: DistributedConfig) -> Any:
     else:
         if d.num_cpus:
             kwargs["num_cpus"] = d.num_cpus
+        # Ray's own services listen on every interface (its choice, not ours); Ray >= 2.5x
+        # requires its auth token on each connection (docs/distributed.md, security).
         ray.init(**kwargs)
         _started_here = True
         log.info("started a local Ray cluster (%s CPUs)", ray.cluster_resources().get("CPU"))
