@@ -211,6 +211,41 @@ def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return sd
 
 
+Adapters = dict[str, tuple[torch.Tensor, torch.Tensor, float]]
+"""Base weight name -> (A [r, I], B [O, r], scale) of each adapted linear layer."""
+
+
+def base_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """``model.state_dict()`` without the adapters: the frozen base weights (what a plain
+    model of the same architecture loads before `merge_into`)."""
+    sd = model.state_dict()
+    for name, _ in lora_modules(model):
+        prefix = f"{name}." if name else ""
+        del sd[f"{prefix}lora_A"], sd[f"{prefix}lora_B"]
+    return sd
+
+
+def adapter_state(model: nn.Module) -> Adapters:
+    """Every adapter's (A, B, scale) by its base weight's name, detached on the CPU: all a
+    sampler holding the base weights needs after an update (kilobytes to megabytes,
+    against the whole model for merged weights)."""
+    out: Adapters = {}
+    for name, m in lora_modules(model):
+        a_RI, b_OR = (p.detach().cpu().clone() for p in _a_b(m))
+        out[f"{name}.weight" if name else "weight"] = (a_RI, b_OR, float(_flags(m)["lora_scale"]))
+    return out
+
+
+def merge_into(base: dict[str, torch.Tensor], adapters: Adapters) -> dict[str, torch.Tensor]:
+    """``base`` with each adapter folded into its weight (`merged_state_dict`'s result,
+    computed where the base weights already are)."""
+    out = dict(base)
+    for key, (a_RI, b_OR, scale) in adapters.items():
+        w = base[key]
+        out[key] = w + (scale * (b_OR.float() @ a_RI.float())).to(w.dtype)
+    return out
+
+
 @torch.no_grad()
 def merge_adapters(model: nn.Module) -> int:
     """Fold every adapter into its base weight and restart it at zero (B = 0; A kept);

@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from agentr1 import lora
 from agentr1.config import Config
 from agentr1.distributed.cluster import actor_options, connect, threads
 from agentr1.rollout.loop import RolloutConfig, RolloutStats, run_rollout
@@ -59,15 +60,30 @@ class RolloutWorker:
         self.name = name
         self.make_env, self.chat, self.generator = sampler_setup(cfg, model_path, task)
         self.generator.weight_version = 0  # type: ignore[attr-defined]
+        self.base: dict[str, torch.Tensor] | None = None
 
     def pid(self) -> int:
         return os.getpid()
 
-    def load_weights(self, weights: dict[str, torch.Tensor], version: int) -> int:
-        """Sample from ``weights`` (adapters merged) from now on, as version ``version``."""
+    def load_weights(
+        self,
+        version: int,
+        full: dict[str, torch.Tensor] | None = None,
+        base: dict[str, torch.Tensor] | None = None,
+        adapters: lora.Adapters | None = None,
+    ) -> int:
+        """Sample from weights ``version`` from now on: ``full`` (HF names, adapters
+        merged), or the LoRA ``adapters`` folded into ``base`` (sent once; kept here)."""
         from agentr1.trainer.setup import load_sampler_weights
 
-        load_sampler_weights(self.generator, weights)
+        if base is not None:
+            self.base = base
+        if full is not None:
+            load_sampler_weights(self.generator, full)
+        elif adapters is not None:
+            if self.base is None:
+                raise RuntimeError(f"{self.name}: LoRA adapters arrived before the base weights")
+            load_sampler_weights(self.generator, lora.merge_into(self.base, adapters))
         self.generator.weight_version = version  # type: ignore[attr-defined]
         return version
 
@@ -120,8 +136,12 @@ class RolloutPool:
         self.model_path = model_path
         self.task = task
         self._cls = self.ray.remote(RolloutWorker)
-        self._weights: Any = None
+        self._full: Any = None  # object refs of the newest weights
+        self._base: Any = None
+        self._adapters: Any = None
         self.version = 0
+        self.sync_bytes = 0
+        """Bytes put in the object store by the last `sync`."""
         self.restarts = 0
         """Workers replaced so far (over all steps)."""
         self._lock = threading.RLock()
@@ -143,20 +163,41 @@ class RolloutPool:
             raise RolloutWorkerError(
                 f"rollout worker {name!r} could not start: {_cause(e)}"
             ) from None
-        if self._weights is not None:
-            actor.load_weights.remote(self._weights, self.version)
+        if self._full is not None or self._adapters is not None:
+            full = None if self._adapters is not None else self._full
+            actor.load_weights.remote(self.version, full, self._base, self._adapters)
         log.info("rollout worker %s started (pid %d)", name, pid)
         return _Handle(name, actor, pid)
 
-    def sync(self, weights: dict[str, torch.Tensor], version: int) -> None:
-        """Send ``weights`` (HF names, adapters merged) as ``version`` to every worker: put
-        once in the object store, read by each. Calls sent later sample from them; calls
+    def sync(
+        self,
+        version: int,
+        full: dict[str, torch.Tensor] | None = None,
+        base: dict[str, torch.Tensor] | None = None,
+        adapters: lora.Adapters | None = None,
+    ) -> None:
+        """Send weights ``version`` to every worker: ``full`` (HF names, adapters merged),
+        or LoRA ``adapters`` alone once the workers have the frozen ``base`` (sent with the
+        first adapters; a replaced worker gets it again). Each is put in the object store
+        once and read by every worker. Calls sent later sample from the new weights; calls
         already queued on a worker run first (their turns record the older version)."""
+        if full is None and adapters is None:
+            raise ValueError("sync: give full weights or adapters")
+
+        def put(tensors: Any) -> Any:
+            self.sync_bytes += _nbytes(tensors)
+            return self.ray.put(tensors)
+
         with self._lock:
-            self._weights = self.ray.put({k: v.detach().cpu() for k, v in weights.items()})
+            self.sync_bytes = 0
+            new_base = put(_cpu(base)) if base is not None else None
+            if new_base is not None:
+                self._base = new_base
+            self._full = put(_cpu(full)) if full is not None else None
+            self._adapters = put(adapters) if adapters is not None else None
             self.version = version
             for w in self.workers:
-                w.actor.load_weights.remote(self._weights, version)
+                w.actor.load_weights.remote(version, self._full, new_base, self._adapters)
 
     def close(self) -> None:
         for w in self.workers:
@@ -268,6 +309,21 @@ class RolloutPool:
         )
         with self._lock:
             self.workers[self.workers.index(dead)] = self._start()
+
+
+def _cpu(weights: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor] | None:
+    return None if weights is None else {k: v.detach().cpu() for k, v in weights.items()}
+
+
+def _nbytes(tensors: Any) -> int:
+    """Bytes of the tensors in a (nested) dict / tuple."""
+    if isinstance(tensors, torch.Tensor):
+        return tensors.numel() * tensors.element_size()
+    if isinstance(tensors, dict):
+        return sum(_nbytes(v) for v in tensors.values())
+    if isinstance(tensors, tuple | list):
+        return sum(_nbytes(v) for v in tensors)
+    return 0
 
 
 def _cause(e: BaseException) -> str:

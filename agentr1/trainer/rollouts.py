@@ -82,7 +82,13 @@ class RemoteRollouts:
         setup = state.setup
         self.k = setup.cfg.async_.max_staleness
         self.pool: RolloutPool = RolloutPool(setup.cfg, str(setup.model_dir), setup.given_task)
-        self.pool.sync(lora.merged_state_dict(setup.policy), state.step)
+        # With LoRA only the adapters travel after the first sync (the base is frozen).
+        self.adapters_only = bool(lora.lora_modules(setup.policy))
+        if self.adapters_only:
+            base = lora.base_state_dict(setup.policy)
+            self.pool.sync(state.step, base=base, adapters=lora.adapter_state(setup.policy))
+        else:
+            self.pool.sync(state.step, full=lora.merged_state_dict(setup.policy))
         self._version = state.step
         self._changed = threading.Condition()
         self._producer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollouts")
@@ -106,6 +112,7 @@ class RemoteRollouts:
         stale = [state.step - v for v in versions] or [0]
         metrics = {
             "rollout/worker_restarts": float(self.pool.restarts - restarts),
+            "rollout/sync_mb": self.pool.sync_bytes / 2**20,
             "async/staleness_mean": sum(stale) / len(stale),
             "async/staleness_max": float(max(stale)),
             "async/dropped_groups": float(dropped),
@@ -144,7 +151,11 @@ class RemoteRollouts:
     def synced(self, state: TrainState, version: int) -> None:
         state.setup.sync_sampler()  # the driver's own generator evaluates
         state.setup.generator.weight_version = version  # type: ignore[attr-defined]
-        self.pool.sync(lora.merged_state_dict(state.setup.policy), version)
+        policy = state.setup.policy
+        if self.adapters_only:
+            self.pool.sync(version, adapters=lora.adapter_state(policy))
+        else:
+            self.pool.sync(version, full=lora.merged_state_dict(policy))
         with self._changed:
             self._version = version
             self._changed.notify_all()

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 ray = pytest.importorskip("ray", reason="Ray is not installed here: make ray")
 
@@ -72,7 +73,7 @@ def pool_for(setup: Setup, task: TaskSpec | None = None, **dist: Any) -> Rollout
     cfg = setup.cfg
     cfg = dataclasses.replace(cfg, distributed=dataclasses.replace(cfg.distributed, **dist))
     pool = RolloutPool(cfg, str(setup.model_dir), task)
-    pool.sync(lora.merged_state_dict(setup.policy), 7)
+    pool.sync(7, full=lora.merged_state_dict(setup.policy))
     return pool
 
 
@@ -180,3 +181,35 @@ def test_workers_that_keep_dying_fail_the_step(setup: Setup, tmp_path: Path) -> 
     finally:
         stop.set()
         pool.close()
+
+
+def test_with_lora_only_the_adapters_travel(
+    tmp_path_factory: pytest.TempPathFactory, cluster: Any
+) -> None:
+    cfg = load_config(None, [*SMALL, "model.lora.rank=4", "distributed.rollout_workers=1"])
+    setup = build_setup(cfg, cache_root=tmp_path_factory.mktemp("tiny-lora"))
+    torch.manual_seed(0)
+    for _, m in lora.lora_modules(setup.policy):
+        m.get_parameter("lora_B").data.normal_(0.0, 0.2)  # an update that changes samples
+    tasks = list(setup.task.splits["train"])[:4]
+    rcfg = dataclasses.replace(setup.cfg.rollout, seed=5)
+    local = run_rollout(tasks, setup.make_env, setup.generator, setup.chat, rcfg)
+    pool = RolloutPool(cfg, str(setup.model_dir))
+    try:
+        base = lora.base_state_dict(setup.policy)
+        pool.sync(3, base=base, adapters=lora.adapter_state(setup.policy))
+        first = pool.sync_bytes
+        pool.sync(4, adapters=lora.adapter_state(setup.policy))
+        assert pool.sync_bytes < first / 5  # the adapters alone, not the model
+        remote = pool.run(tasks, rcfg)
+        plain = RolloutPool(cfg, str(setup.model_dir))  # the base weights only, for contrast
+        plain.sync(0, full=base)
+        try:
+            unadapted = plain.run(tasks, rcfg)
+        finally:
+            plain.close()
+    finally:
+        pool.close()
+    assert episodes(remote) == episodes(local)
+    assert episodes(unadapted) != episodes(local)  # the adapters mattered
+    assert {t.weight_version for g in remote for tr in g.trajectories for t in tr.turns} == {4}
