@@ -75,6 +75,7 @@ def run(args: argparse.Namespace) -> dict[str, dict[str, float]]:
             if s.rollouts is not None:
                 s.rollouts.close()
         later = rows[1:]
+        episodes = scfg.train.tasks_per_step * scfg.rollout.n_samples
 
         def med(key: str, rows: list[dict[str, float]] = later) -> float:
             return statistics.median(r.get(key, 0.0) for r in rows)
@@ -85,6 +86,8 @@ def run(args: argparse.Namespace) -> dict[str, dict[str, float]]:
             "update_s": med("time/update"),
             "sync_s": med("time/sync_sampler"),
             "steps_per_s": 1 / med("wall"),
+            "sampled_tokens": med("response_len") * episodes,
+            "tokens": med("episode_len") * episodes,
             "reward": statistics.mean(r["reward"] for r in rows),
             "staleness_mean": med("async/staleness_mean"),
         }
@@ -105,13 +108,17 @@ def main() -> None:
         print(json.dumps(results, indent=2))
         return
     base = results.get("in-process", {}).get("step_s")
-    print("\n| setting | step s | rollout s | update s | weight sync s | steps/s | vs in-process |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "\n| setting | step s | rollout s | update s | weight sync s | steps/s | vs in-process "
+        "| sampled / all tokens a step |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for name, r in results.items():
         ratio = f"{r['step_s'] / base:.2f}x" if base else "-"
         print(
             f"| {name} | {r['step_s']:.2f} | {r['rollout_s']:.2f} | {r['update_s']:.2f} | "
-            f"{r['sync_s']:.3f} | {r['steps_per_s']:.2f} | {ratio} |"
+            f"{r['sync_s']:.3f} | {r['steps_per_s']:.2f} | {ratio} | "
+            f"{r['sampled_tokens']:,.0f} / {r['tokens']:,.0f} |"
         )
 
 
