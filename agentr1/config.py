@@ -368,6 +368,10 @@ class DistributedConfig:
     restarts: int = 3
     """How many times one step replaces a rollout worker whose process died before the
     step fails."""
+    timeout_s: float = 600.0
+    """How long a trainer rank's collective (a gradient sum, the process group's start)
+    waits for the other ranks: a rank that hangs fails the update after this, named.
+    Longer than the slowest rank's share of one minibatch."""
 
 
 @dataclass(frozen=True)
@@ -553,6 +557,10 @@ class Config:
             )
         if not d.cpus_per_worker > 0 or d.gpus_per_worker < 0:
             errors.append("distributed.cpus_per_worker must be > 0 and gpus_per_worker >= 0")
+        if not d.timeout_s > 0:
+            errors.append(
+                f"distributed.timeout_s={d.timeout_s}: must be > 0 (0 would fail every collective)"
+            )
         if a.max_staleness < 0 or not a.is_cap >= 1:
             errors.append(
                 f"async.max_staleness={a.max_staleness}, is_cap={a.is_cap}: expected k >= 0 "

@@ -79,7 +79,8 @@ def rl_step(s: TrainState, run: RunDir) -> dict[str, float]:
     batch = collate_groups(groups, s.setup.pad_id).to(s.setup.policy.device)
     ub, scores, adv_metrics = update_batch(s, batch, timer)
     with timer("update"):
-        upd = rl_update(
+        update = rl_update if s.group is None else s.group.update  # data-parallel ranks
+        upd = update(
             s.learner,
             ub,
             cfg.algo,
@@ -209,11 +210,15 @@ def train(
 
 
 def close_run(run: RunDir, state: TrainState | None) -> None:
-    """The end of a run, finished or not: its rollout workers stop, its trackers flush."""
+    """The end of a run, finished or not: its rollout workers and trainer ranks stop, its
+    trackers flush."""
     try:
         if state is not None and state.rollouts is not None:
             state.rollouts.close()
             state.rollouts = None
+        if state is not None and state.group is not None:
+            state.group.close()
+            state.group = None
     finally:
         run.close()
 

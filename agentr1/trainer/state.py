@@ -19,11 +19,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from agentr1 import lora
+from agentr1.config import Config
 from agentr1.trainer.checkpoint import (
     CheckpointError,
     latest_checkpoint,
@@ -39,6 +40,9 @@ from agentr1.trainer.run import SFT_DIR, RunDir
 from agentr1.trainer.sampling import TaskSampler
 from agentr1.trainer.setup import Setup
 from agentr1.trainer.update import Learner
+
+if TYPE_CHECKING:
+    from agentr1.distributed.ranks import TrainerGroup
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +76,10 @@ class TrainState:
     critic_optimizer: torch.optim.Optimizer | None = None
     reference: Any | None = None
     step: int = 0
+    group: TrainerGroup | None = None
+    """Trainer ranks 1..N-1 (``distributed.trainer_ranks``; this process is rank 0);
+    None = one process. Not checkpointed: the ranks take rank 0's state at their first
+    update."""
     rollouts: Any = None
     """Where the step's episodes come from (`agentr1.trainer.rollouts`), made at the first
     RL step (after the warm start and any restore: the workers get those weights)."""
@@ -99,10 +107,10 @@ def lr_schedule(warmup: int, total: int, kind: str) -> Any:
     return lr_at
 
 
-def make_state(setup: Setup) -> TrainState:
-    """A fresh training state for ``setup`` (step 0; `restore` may then load a checkpoint)."""
-    cfg = setup.cfg
-    policy = setup.policy
+def make_learner(cfg: Config, policy: Any) -> Learner:
+    """What an update changes, for ``policy``: its AdamW over the trainable parameters
+    (the adapters with LoRA) and LR schedule, and the critic with its optimizer (gae).
+    Every trainer rank builds its replica's this way."""
     opt = torch.optim.AdamW(
         lora.trainable_parameters(policy),
         lr=cfg.optim.lr,
@@ -115,21 +123,36 @@ def make_state(setup: Setup) -> TrainState:
     if cfg.algo.estimator == "gae":
         critic = ValueModel.from_policy(policy)
         critic_opt = torch.optim.AdamW(critic.parameters(), lr=cfg.algo.critic_lr)
+    return Learner(policy, opt, sched, critic, critic_opt)
+
+
+def make_state(setup: Setup) -> TrainState:
+    """A fresh training state for ``setup`` (step 0; `restore` may then load a checkpoint).
+    With ``distributed.trainer_ranks > 1`` the other ranks start building their replicas
+    now, in the background."""
+    cfg = setup.cfg
+    policy = setup.policy
+    learner = make_learner(cfg, policy)
     reference = None
     if cfg.algo.kl_coef > 0 and not lora.lora_modules(policy):
         reference = copy.deepcopy(policy).eval()
         for p in reference.parameters():
             p.requires_grad_(False)
-    return TrainState(
+    state = TrainState(
         setup=setup,
-        optimizer=opt,
-        scheduler=sched,
+        optimizer=learner.optimizer,
+        scheduler=learner.scheduler,
         sampler=TaskSampler(list(setup.task.splits["train"]), cfg.train.seed),
         update_rng=torch.Generator().manual_seed(cfg.train.seed),
-        critic=critic,
-        critic_optimizer=critic_opt,
+        critic=learner.critic,
+        critic_optimizer=learner.critic_optimizer,
         reference=reference,
     )
+    if cfg.distributed.trainer_ranks > 1:
+        from agentr1.distributed.ranks import TrainerGroup
+
+        state.group = TrainerGroup(cfg, policy)
+    return state
 
 
 REFERENCE_FILE = "reference.safetensors"
@@ -240,7 +263,11 @@ def release_training_state(s: TrainState) -> None:
     """Free what only training needs (optimizer moments, critic, reference) once the last
     checkpoint is written, and hand the freed heap back to the OS, so that the final
     evaluation's generation buffers reuse the training state's memory instead of adding
-    to it (the peak RSS of a run is then the larger of the two, not their sum)."""
+    to it (the peak RSS of a run is then the larger of the two, not their sum). The
+    trainer ranks, done too, are shut down."""
+    if s.group is not None:
+        s.group.close()
+        s.group = None
     s.optimizer.state.clear()
     s.critic = s.critic_optimizer = s.reference = None
     for p in s.setup.policy.parameters():

@@ -14,6 +14,12 @@ Gradient accumulation is exact: a minibatch is split into micro-batches whose lo
 weighted by their share of the minibatch's aggregation denominator, so micro-batching
 changes memory, not the gradient. A non-finite loss or gradient skips the optimizer step
 (the weights stay as they were) and is counted in the metrics.
+
+Data-parallel training (``distributed.trainer_ranks > 1``) runs this same code on every
+rank with a `Collective` (`agentr1.distributed.dp.DataParallel`): each rank backpropagates
+its share of every minibatch's micro-batches, weighted by the whole minibatch's
+denominator, then the gradients are summed over ranks before the one optimizer step, so
+the update is the one-process update. Without one (None) nothing here changes.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import math
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -120,6 +126,26 @@ class MetricMeans:
         return {k: self.sums[k] / self.counts[k] for k in self.sums}
 
 
+class Collective(Protocol):
+    """What an update asks of its peer ranks in data-parallel training; every rank calls
+    each method at the same point of the same update (they are collectives)."""
+
+    def micro_batches(self, by_len: torch.Tensor, micro_batch_size: int) -> list[torch.Tensor]:
+        """This rank's micro-batches (row indices) of a minibatch whose rows, shortest
+        first, are ``by_len``: a share of the micro-batches one process would run."""
+        ...
+
+    def sum_gradients(self, params: list[torch.nn.Parameter], ok: bool) -> bool:
+        """Sum every rank's gradients of ``params`` into each ``p.grad``; whether every
+        rank's losses were finite (``ok`` on all of them)."""
+        ...
+
+    def reduce_metrics(self, means: MetricMeans) -> None:
+        """Make ``means`` the means over every rank's micro-batches (sums and counts
+        summed over ranks)."""
+        ...
+
+
 def policy_terms(policy: Any, mc: UpdateBatch, t: _Terms) -> tuple[torch.Tensor, dict[str, float]]:
     """The policy's loss on one micro-batch: the registered policy loss, minus the entropy
     bonus, plus ``kl_coef`` x a KL loss term (when the KL variant is one and there is a
@@ -186,35 +212,49 @@ def _accumulate(
 
 
 def _minibatch_step(
-    learner: Learner, mb: UpdateBatch, t: _Terms, optim: OptimConfig, log_to: MetricMeans
+    learner: Learner,
+    mb: UpdateBatch,
+    t: _Terms,
+    optim: OptimConfig,
+    log_to: MetricMeans,
+    dp: Collective | None = None,
 ) -> bool:
     """Accumulate a minibatch's micro-batches, then step the optimizers; False (weights
     unchanged) when a loss or gradient is not finite.
 
     Each micro-batch's loss is weighted by its share of the minibatch's aggregation
-    denominator, so the gradient is the same whatever the split. Micro-batches of similar
-    length pad less; sorting by length is free accuracy-wise."""
+    denominator, so the gradient is the same whatever the split (over micro-batches, and
+    over ranks with ``dp``: the denominator is always the whole minibatch's). Micro-batches
+    of similar length pad less; sorting by length is free accuracy-wise."""
     denom = aggregation_weight(mb.loss_mask_BT, t.algo.agg_mode).clamp(min=1.0)
     learner.zero_grad()
     by_len = torch.argsort(mb.attention_mask_BT.sum(-1), stable=True)
-    for micro_idx in by_len.split(optim.micro_batch_size):
+    micros = (
+        by_len.split(optim.micro_batch_size)
+        if dp is None
+        else dp.micro_batches(by_len, optim.micro_batch_size)
+    )
+    finite = True
+    for micro_idx in micros:
         mc = _trim(mb.rows(micro_idx))
         w = float(aggregation_weight(mc.loss_mask_BT, t.algo.agg_mode) / denom)
         if w != 0.0 and not _accumulate(learner, mc, w, t, log_to):
+            finite = False
             break
-    else:
-        params = [p for p in learner.policy.parameters() if p.requires_grad]
-        critic_params = [] if learner.critic is None else learner.critic.parameters()
-        cparams = [p for p in critic_params if p.requires_grad]
-        if _finite_grads(params + cparams):
-            if t.train_policy:
-                gn = torch.nn.utils.clip_grad_norm_(params, optim.grad_clip)
-                log_to.add({"grad_norm": float(gn)})
-                learner.optimizer.step()
-            if learner.critic_optimizer is not None:
-                torch.nn.utils.clip_grad_norm_(cparams, optim.grad_clip)
-                learner.critic_optimizer.step()
-            return True
+    params = [p for p in learner.policy.parameters() if p.requires_grad]
+    critic_params = [] if learner.critic is None else learner.critic.parameters()
+    cparams = [p for p in critic_params if p.requires_grad]
+    if dp is not None:  # every rank, a finite loss or not: the sum is a collective
+        finite = dp.sum_gradients(params + cparams, finite)
+    if finite and _finite_grads(params + cparams):
+        if t.train_policy:
+            gn = torch.nn.utils.clip_grad_norm_(params, optim.grad_clip)
+            log_to.add({"grad_norm": float(gn)})
+            learner.optimizer.step()
+        if learner.critic_optimizer is not None:
+            torch.nn.utils.clip_grad_norm_(cparams, optim.grad_clip)
+            learner.critic_optimizer.step()
+        return True
     log.warning("non-finite loss or gradient: update skipped, weights unchanged")
     learner.zero_grad()
     return False
@@ -229,13 +269,16 @@ def rl_update(
     generator: torch.Generator,
     train_policy: bool = True,
     autocast: Callable[[], AbstractContextManager[Any]] = nullcontext,
+    dp: Collective | None = None,
 ) -> dict[str, float]:
     """K epochs x minibatches of policy steps (and critic steps when the learner has a
     critic); returns the metrics' means, ``skipped_updates`` and ``lr``.
 
     ``autocast`` makes the context of each optimizer step's forward and backward passes
     (e.g. `agentr1.trainer.setup.train_autocast`): one context per step, because autocast
-    caches its low-precision copies of the weights until the context exits.
+    caches its low-precision copies of the weights until the context exits. ``dp``: this
+    rank's part in data-parallel training (every rank then passes the same ``batch``
+    and ``generator`` state, so all draw the same minibatches); None = one process.
     """
     kl = get_kl_variant(algo.kl_mode)
     terms = _Terms(algo, temperature, train_policy, get_policy_loss(algo.policy_loss), kl.loss)
@@ -247,7 +290,10 @@ def rl_update(
         perm = torch.randperm(B, generator=generator)
         for mb_idx in perm.chunk(optim.minibatches):
             with autocast():
-                skipped += not _minibatch_step(learner, batch.rows(mb_idx), terms, optim, means)
+                mb = batch.rows(mb_idx)
+                skipped += not _minibatch_step(learner, mb, terms, optim, means, dp)
+    if dp is not None:
+        dp.reduce_metrics(means)
     if train_policy and learner.scheduler is not None:
         learner.scheduler.step()
     out = means.means()

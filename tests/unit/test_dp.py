@@ -1,0 +1,178 @@
+"""Data-parallel math without Ray or a process group (`agentr1.distributed.dp`): which
+micro-batches each rank runs, and that N ranks' gradients, each normalized by the global
+minibatch's denominator and then summed, are one process's gradient. The ranks are
+simulated one after the other in this process by a `Collective` that hands gradients on."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+
+from agentr1.config import AlgoConfig, OptimConfig
+from agentr1.distributed.dp import buckets, micro_batches_of_rank, micro_size
+from agentr1.trainer.logprobs import token_logprobs
+from agentr1.trainer.update import Collective, Learner, MetricMeans, UpdateBatch, rl_update
+from tests.tiny_models import tiny_llama
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 8, 13, 128])
+@pytest.mark.parametrize("micro", [1, 3, 32])
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_the_ranks_micro_batches_are_each_row_once(rows: int, micro: int, world: int) -> None:
+    by_len = torch.randperm(rows, generator=torch.Generator().manual_seed(rows))
+    shares = [micro_batches_of_rank(by_len, micro, r, world) for r in range(world)]
+    got = sorted(i for share in shares for mc in share for i in mc.tolist())
+    assert got == list(range(rows))
+    assert all(len(mc) <= micro for share in shares for mc in share)
+    if rows >= world * micro:
+        # Enough micro-batches for every rank: they are one process's, dealt round robin.
+        one = [mc.tolist() for mc in by_len.split(micro)]
+        assert sorted(mc.tolist() for share in shares for mc in share) == sorted(one)
+    if rows >= world:
+        assert all(share for share in shares)  # every rank has rows to work on
+    n_rows = [sum(len(mc) for mc in share) for share in shares]
+    assert max(n_rows) - min(n_rows) <= micro_size(rows, micro, world)
+
+
+def test_buckets_keep_order_dtype_and_size() -> None:
+    f, h = torch.zeros(10), torch.zeros(10, dtype=torch.float16)  # 40 and 20 bytes
+    assert buckets([f, f, f, h, h, f], limit=80) == [[0, 1], [2], [3, 4], [5]]
+    assert buckets([torch.zeros(100)], limit=8) == [[0]]  # one tensor larger than a bucket
+    assert buckets([]) == []
+
+
+def make_batch(model: torch.nn.Module, B: int = 8, T: int = 14) -> UpdateBatch:
+    """Rows of very different lengths and masked-token counts: the mean of per-rank
+    token-means is not the global token-mean here."""
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(4, 64, (B, T), generator=g)
+    attn = torch.zeros(B, T, dtype=torch.long)
+    mask = torch.zeros(B, T)
+    for b in range(B):
+        n = 4 + (b * 5) % (T - 3)
+        attn[b, :n] = 1
+        mask[b, 3:n] = 1
+    with torch.no_grad():
+        old, _ = token_logprobs(model, ids, attn, mask)
+    adv = torch.randn(B, T, generator=g) * mask
+    return UpdateBatch(ids, attn, mask, adv, old)
+
+
+class ThreadRanks:
+    """``world`` simulated ranks, one thread each, whose collectives meet at a barrier:
+    every rank sums the same slots in the same order, so all get the same totals (what
+    an all-reduce gives)."""
+
+    def __init__(self, world: int) -> None:
+        self.world = world
+        self.barrier = threading.Barrier(world, timeout=60)
+        self.slots: list[object] = [None] * world
+
+    def exchange(self, rank: int, value: object) -> list[object]:
+        self.slots[rank] = value
+        self.barrier.wait()
+        out = list(self.slots)
+        self.barrier.wait()  # nobody overwrites a slot before everyone has read it
+        return out
+
+    def rank(self, r: int) -> Collective:
+        ranks = self
+
+        class Rank:
+            def micro_batches(self, by_len: torch.Tensor, micro: int) -> list[torch.Tensor]:
+                return micro_batches_of_rank(by_len, micro, r, ranks.world)
+
+            def sum_gradients(self, params: list[torch.nn.Parameter], ok: bool) -> bool:
+                mine = [torch.zeros_like(p) if p.grad is None else p.grad for p in params]
+                got = ranks.exchange(r, (ok, mine))
+                for i, p in enumerate(params):
+                    p.grad = sum(g[i] for _, g in got)  # type: ignore[index]
+                return all(o for o, _ in got)  # type: ignore[misc]
+
+            def reduce_metrics(self, means: MetricMeans) -> None:
+                got = ranks.exchange(r, (means.sums, means.counts))
+                keys = list(dict.fromkeys(k for s, _ in got for k in s))  # type: ignore[union-attr]
+                means.sums = {k: sum(s.get(k, 0.0) for s, _ in got) for k in keys}  # type: ignore[union-attr]
+                means.counts = {k: sum(c.get(k, 0) for _, c in got) for k in keys}  # type: ignore[union-attr]
+
+        return Rank()
+
+
+def flat(model: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def run_update(base, ub, algo, optim, dp=None):
+    model = copy.deepcopy(base)
+    learner = Learner(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+    m = rl_update(learner, ub, algo, optim, 1.0, torch.Generator().manual_seed(3), dp=dp)
+    return model, m
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
+@pytest.mark.parametrize("world", [2, 3])
+def test_ranks_summing_globally_normalized_gradients_take_one_process_steps(
+    mode: str, world: int
+) -> None:
+    algo = AlgoConfig(agg_mode=mode)
+    optim = OptimConfig(micro_batch_size=2, minibatches=2, ppo_epochs=2, grad_clip=1e9)
+    base = tiny_llama()
+    ub = make_batch(base)
+    one, m_one = run_update(base, ub, algo, optim)
+    ranks = ThreadRanks(world)
+    results: list = [None] * world
+
+    def rank(r: int) -> None:
+        results[r] = run_update(base, ub, algo, optim, ranks.rank(r))
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for model, m in results:
+        # 4 AdamW steps of the summed gradient: the sums' order is the only difference.
+        torch.testing.assert_close(flat(model), flat(one), atol=1e-6, rtol=1e-5)
+        # 8 rows, 2 minibatches, 2 a micro-batch: every micro-batch is one process's, so
+        # the per-micro-batch means agree too, on every rank.
+        for k in ("policy_loss", "entropy", "clipfrac", "grad_norm"):
+            assert m[k] == pytest.approx(m_one[k], rel=1e-5, abs=1e-7), k
+        assert m["skipped_updates"] == 0.0
+    assert (flat(one) - flat(base)).abs().max() > 1e-4  # and the update moved the weights
+
+
+def test_a_mean_of_per_rank_means_would_be_another_gradient() -> None:
+    """What the test above tells apart: each rank's loss normalized by its own tokens,
+    the ranks' gradients averaged (a plain DDP of a token-mean loss) is not the gradient
+    of the token-mean over the global batch, on rows of unequal lengths."""
+    algo = AlgoConfig(agg_mode="token-mean")
+    optim = OptimConfig(micro_batch_size=4, grad_clip=1e9)
+    base = tiny_llama()
+    ub = make_batch(base)
+
+    def grads(rows: UpdateBatch) -> torch.Tensor:
+        model = copy.deepcopy(base)
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        rl_update(Learner(model, opt), rows, algo, optim, 1.0, torch.Generator().manual_seed(3))
+        return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+    by_len = torch.argsort(ub.attention_mask_BT.sum(-1), stable=True)
+    halves = [torch.cat(micro_batches_of_rank(by_len, 4, r, 2)) for r in range(2)]
+    naive = sum(grads(ub.rows(h)) for h in halves) / 2
+    assert (naive - grads(ub)).abs().max() > 1e-3
+
+
+def test_importing_agentr1_and_its_distributed_parts_imports_no_ray() -> None:
+    code = (
+        "import sys, agentr1, agentr1.trainer.loop, agentr1.distributed.ranks, "
+        "agentr1.distributed.dp, agentr1.distributed.cluster\n"
+        "from agentr1.config import load_config\n"
+        "load_config(None, ['distributed.trainer_ranks=2'])\n"
+        "assert 'ray' not in sys.modules, 'Ray was imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
