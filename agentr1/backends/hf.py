@@ -171,15 +171,49 @@ def sampling_logprobs(logits_BV: torch.Tensor, temperature: float, top_p: float)
     return logprobs_BV - logprobs_BV.logsumexp(dim=-1, keepdim=True)
 
 
-RowRng = torch.Generator | list[torch.Generator] | None
-"""One generator for the whole call, one per row (``SamplingParams.row_seeds``), or none."""
+def _i64(x: int) -> int:
+    """``x`` (a 64-bit pattern) as a signed int64."""
+    x &= (1 << 64) - 1
+    return x - (1 << 64) if x >> 63 else x
+
+
+_GOLDEN, _MIX1, _MIX2 = _i64(0x9E3779B97F4A7C15), _i64(0xBF58476D1CE4E5B9), _i64(0x94D049BB133111EB)
+
+
+def _shr(z: torch.Tensor, n: int) -> torch.Tensor:
+    """Logical right shift of int64 ``z`` (torch's ``>>`` is arithmetic)."""
+    return (z >> n) & ((1 << (64 - n)) - 1)
+
+
+class RowStreams:
+    """One stream of uniform draws per row, keyed by the row's seed: draw ``t`` of a row is
+    splitmix64(seed, t), so a row's draws never depend on which rows share its call, and
+    all rows draw in one vectorized step (a torch generator per row cost one call per row
+    per token)."""
+
+    def __init__(self, seeds: list[int], device: torch.device) -> None:
+        self.keys_B = torch.tensor([_i64(s) for s in seeds], dtype=torch.int64, device=device)
+        self.t = 0
+
+    def draw(self) -> torch.Tensor:
+        """The next uniform in [0, 1) of every row (24 bits: exact in float32). [B, 1]"""
+        z = self.keys_B * _MIX2 + torch.full_like(self.keys_B, self.t + 1) * _GOLDEN
+        z = (z ^ _shr(z, 30)) * _MIX1
+        z = (z ^ _shr(z, 27)) * _MIX2
+        z = z ^ _shr(z, 31)
+        self.t += 1
+        return (_shr(z, 40).to(torch.float32) * 2.0**-24)[:, None]
+
+
+RowRng = torch.Generator | RowStreams | None
+"""One generator for the whole call, one stream per row (``SamplingParams.row_seeds``),
+or none."""
 
 
 def _uniform_B1(rng: RowRng, n: int, device: torch.device) -> torch.Tensor:
-    """One uniform draw per row: row ``i`` from its own generator when there is one per
-    row (so its draws do not depend on which rows share the call). [B, 1]"""
-    if isinstance(rng, list):
-        return torch.cat([torch.rand((1, 1), generator=g, device=g.device) for g in rng]).to(device)
+    """One uniform draw per row. [B, 1]"""
+    if isinstance(rng, RowStreams):
+        return rng.draw().to(device)
     return torch.rand((n, 1), generator=rng, device=device)
 
 
@@ -500,8 +534,7 @@ class HFGenerator:
         else the call's own."""
         if params.row_seeds is None:
             return shared
-        device = self.model.device
-        return [torch.Generator(device=device).manual_seed(params.row_seeds[i]) for i in rows]
+        return RowStreams([params.row_seeds[i] for i in rows], self.model.device)
 
     def _forward(
         self,
