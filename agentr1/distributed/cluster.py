@@ -40,6 +40,7 @@ def connect(d: DistributedConfig) -> Any:
     global _started_here
     ray = ray_module()
     if ray.is_initialized():
+        check_resources(ray, d)
         return ray
     # Actors import agentr1 and the driver's own modules (a task or tool in a file next
     # to the recipe, tests.*): give them this process's import path.
@@ -62,7 +63,33 @@ def connect(d: DistributedConfig) -> Any:
         ray.init(**kwargs)
         _started_here = True
         log.info("started a local Ray cluster (%s CPUs)", ray.cluster_resources().get("CPU"))
+    check_resources(ray, d)
     return ray
+
+
+def check_resources(ray: Any, d: DistributedConfig) -> None:
+    """The actors the config asks for fit the cluster: a rollout worker or trainer rank
+    that cannot be placed would wait for a CPU forever.
+
+    Raises:
+        ValueError: a local cluster too small (a joined one may grow: a warning)."""
+    actors = d.rollout_workers + max(0, d.trainer_ranks - 1)
+    need_cpu, need_gpu = actors * d.cpus_per_worker, actors * d.gpus_per_worker
+    have = ray.cluster_resources()
+    cpu, gpu = have.get("CPU", 0.0), have.get("GPU", 0.0)
+    if need_cpu <= cpu + 1e-9 and need_gpu <= gpu + 1e-9:
+        return
+    msg = (
+        f"distributed: {d.rollout_workers} rollout workers + {max(0, d.trainer_ranks - 1)} "
+        f"trainer ranks beside this process reserve {need_cpu:g} CPUs and {need_gpu:g} GPUs "
+        f"(cpus_per_worker={d.cpus_per_worker:g}, gpus_per_worker={d.gpus_per_worker:g}); "
+        f"the cluster has {cpu:g} CPUs and {gpu:g} GPUs: lower cpus_per_worker (e.g. "
+        f"{max(0.1, cpu / max(actors, 1)):.2g}), use fewer actors, or add machines"
+    )
+    if d.address:
+        log.warning("%s (waiting for the cluster to grow)", msg)
+        return
+    raise ValueError(msg)
 
 
 def disconnect() -> None:

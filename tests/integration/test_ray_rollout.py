@@ -213,3 +213,10 @@ def test_with_lora_only_the_adapters_travel(
     assert episodes(remote) == episodes(local)
     assert episodes(unadapted) != episodes(local)  # the adapters mattered
     assert {t.weight_version for g in remote for tr in g.trajectories for t in tr.turns} == {4}
+
+
+def test_more_actors_than_the_cluster_has_cpus_is_refused(setup: Setup) -> None:
+    d = dataclasses.replace(setup.cfg.distributed, rollout_workers=2, trainer_ranks=2)
+    with pytest.raises(ValueError, match=r"reserve 3 CPUs .*the cluster has 2 CPUs"):
+        connect(d)
+    connect(dataclasses.replace(d, cpus_per_worker=0.5))  # 1.5 of 2: fits
