@@ -275,8 +275,12 @@ class TrainConfig:
     headline metric (EM for the built-in tasks; mean over ``eval.splits``) among the evaluations before RL, every ``eval_every`` steps and
     after RL; ties keep the earlier. The step and EM go to the summary as ``best_model``. A model
     chosen on the eval questions needs other questions to be tested on."""
-    log_trajectories: int = 2
-    """Sampled trajectories written to trajectories.jsonl per step."""
+    log_trajectories: int = 1
+    """Tasks per step whose groups (all ``rollout.n_samples`` episodes) go to
+    trajectories.jsonl with their tokens and, per token, the loss mask, sampled
+    log-prob, advantage, PPO ratio and KL (`agentr1.trainer.tokenlog`; the report's
+    trajectory viewer, docs/report.md): about 70 bytes a token, and two forward passes
+    of those rows a step. 0 = none."""
     log_rollouts: bool = True
     """One line per training episode in rollouts.jsonl (question, gold, answer, EM / F1,
     rewards, the episode's mean advantage; no tokens): which questions moved the policy,
@@ -301,6 +305,9 @@ class EvalConfig:
     checkpoint (e.g. one warm start shared by several algorithms)."""
     temperature: float = 1.0
     """Temperature of sampled evaluation."""
+    log_trajectories: int = 4
+    """Greedy episodes per split of each evaluation written to trajectories.jsonl, with
+    their tokens (the report's viewer); 0 = none."""
     batch_tasks: int = 64
     """Questions generated together. Larger is faster until memory runs out: the KV cache
     and attention buffers grow with ``batch_tasks x rollout.max_context``."""
@@ -486,6 +493,10 @@ class Config:
             )
         if self.eval.sampled_n < 0:
             errors.append("eval.sampled_n must be >= 0 (0 = greedy evaluation only)")
+        if t.log_trajectories < 0 or self.eval.log_trajectories < 0:
+            errors.append(
+                "train.log_trajectories and eval.log_trajectories must be >= 0 (0 = none)"
+            )
         if self.eval.batch_tasks < 1:
             errors.append("eval.batch_tasks must be >= 1 (questions generated together)")
         if self.sft.context_loss_weight < 0:

@@ -78,11 +78,16 @@ def eval_tasks(setup: Setup, split: str) -> list[Task]:
 def log_eval(
     setup: Setup, run: RunDir, label: str, res: dict[str, dict[str, EvalResult]], step: int | None
 ) -> None:
-    """Every episode of a `run_eval` result to ``eval_episodes.jsonl`` under ``label``."""
+    """Every episode of a `run_eval` result to ``eval_episodes.jsonl`` under ``label``;
+    the first ``eval.log_trajectories`` greedy episodes of each split, tokens and all, to
+    ``trajectories.jsonl`` (the report's viewer)."""
     for mode, per in res.items():
         for split, r in per.items():
             tasks = eval_tasks(setup, split)
             run.log_eval_episodes(label, mode, split, r, tasks, step, setup.task.metric_names)
+    shown = setup.cfg.eval.log_trajectories
+    for split, r in res.get("greedy", {}).items() if shown else ():
+        run.log_eval_trajectories(label, split, step, r.trajectories[:shown], setup.chat.decode)
 
 
 def eval_record(res: dict[str, dict[str, EvalResult]]) -> dict[str, Any]:

@@ -49,6 +49,7 @@ from agentr1.trainer.state import (
     restore,
     save_reference,
 )
+from agentr1.trainer.tokenlog import token_layers
 from agentr1.trainer.update import rl_update
 from agentr1.types import Trajectory, TrajectoryGroup
 
@@ -106,8 +107,11 @@ def rl_step(s: TrainState, run: RunDir) -> dict[str, float]:
         adv_B = ub.advantages_BT.sum(1) / ub.loss_mask_BT.sum(1).clamp(min=1)
         run.log_rollouts(s.step, groups, adv_B.tolist(), names)
     if cfg.train.log_trajectories:
-        shown = [g.trajectories[0] for g in groups[: cfg.train.log_trajectories]]
-        run.log_trajectories(s.step, shown, s.setup.chat.decode)
+        with timer("log_tokens"):  # what the step did to each token of the logged groups
+            layers = token_layers(s, batch, ub, scores)
+        metrics["time/log_tokens"] = timer.times["time/log_tokens"]
+        shown = groups[: cfg.train.log_trajectories]
+        run.log_trajectories(s.step, shown, s.setup.chat.decode, layers)
     return metrics
 
 

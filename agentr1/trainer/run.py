@@ -3,7 +3,8 @@
 runs/<name>/
   config.yaml          the resolved config
   metrics.jsonl        one JSON object per SFT phase / RL step / evaluation, with its wall_time
-  trajectories.jsonl   sampled episodes with decoded text, tool calls, rewards, masks
+  trajectories.jsonl   sampled episodes (whole groups) and evaluated ones: tokens, text pieces,
+                       tool calls, rewards, masks, per-token layers (`agentr1.trainer.tokenlog`)
   rollouts.jsonl       every training episode in one line: question, answer, rewards, advantage
   checkpoints/         atomic checkpoints (step_XXXXXX/)
   plots/training.png   reward, EM, KL, entropy, lengths, tool calls, stop reasons
@@ -28,7 +29,6 @@ import yaml
 from agentr1 import configutil
 from agentr1.eval.evaluate import DEFAULT_METRICS, EvalResult, episode_record
 from agentr1.fileio import remove_partial, write_atomic
-from agentr1.rollout.io import write_trajectories
 from agentr1.trackers import make_trackers
 from agentr1.types import Task, Trajectory, TrajectoryGroup, json_line
 
@@ -136,13 +136,42 @@ class RunDir:
         self.trackers.log_row(row)
 
     def log_trajectories(
-        self, step: int, trajs: Sequence[Trajectory], decode: Callable[[Sequence[int]], str]
+        self,
+        step: int,
+        groups: Sequence[TrajectoryGroup],
+        decode: Callable[[Sequence[int]], str],
+        layers: Sequence[dict[str, Any]] = (),
     ) -> None:
-        for t in trajs:
-            t.metrics["rl_step"] = float(step)
-        write_trajectories(self.dir / "trajectories.jsonl", trajs, decode, append=True)
+        """Append the episodes of an RL step's ``groups`` to ``trajectories.jsonl``, one
+        line each (`trajectory_line`: split ``train``, label ``rl``), with the per-token
+        ``layers`` of `agentr1.trainer.tokenlog.token_layers` in the groups' order (none:
+        the episodes' own mask and log-probs only)."""
+        trajs = [(gi, t) for gi, g in enumerate(groups) for t in g.trajectories]
+        if layers and len(layers) != len(trajs):
+            raise ValueError(f"{len(trajs)} episodes but {len(layers)} rows of token layers")
+        with open(self.dir / "trajectories.jsonl", "a", encoding="utf-8") as f:
+            for i, (gi, t) in enumerate(trajs):
+                t.metrics["rl_step"] = float(step)
+                where = {"step": step, "split": "train", "label": "rl", "group": gi}
+                f.write(trajectory_line(where, t, decode, layers[i] if layers else None))
         if self.trackers:
-            self.trackers.log_texts("rl/samples", step, [decode(t.token_ids) for t in trajs])
+            texts = [decode(g.trajectories[0].token_ids) for g in groups if g.trajectories]
+            self.trackers.log_texts("rl/samples", step, texts)
+
+    def log_eval_trajectories(
+        self,
+        label: str,
+        split: str,
+        step: int | None,
+        trajs: Sequence[Trajectory],
+        decode: Callable[[Sequence[int]], str],
+    ) -> None:
+        """Append evaluated episodes (greedy) to ``trajectories.jsonl`` under ``split`` and
+        ``label`` ("before", "step N", "after"), ``group`` their index in the evaluation."""
+        with open(self.dir / "trajectories.jsonl", "a", encoding="utf-8") as f:
+            for gi, t in enumerate(trajs):
+                where = {"step": step, "split": split, "label": label, "group": gi}
+                f.write(trajectory_line(where, t, decode, None))
 
     def log_rollouts(
         self,
@@ -214,7 +243,8 @@ class RunDir:
     def prepare_resume(self, step: int) -> None:
         """Before a run resumes from its step-``step`` checkpoint, make the episode logs
         say what happened once: rollouts.jsonl and trajectories.jsonl keep the steps
-        before ``step``; eval_episodes.jsonl drops the "step N" evaluations with N > ``step`` (they run
+        before ``step``; eval_episodes.jsonl (and the evaluated episodes of
+        trajectories.jsonl) drops the "step N" evaluations with N > ``step`` (they run
         again) and renames an earlier attempt's "after" to "after (step K)", K the step
         it evaluated, so that ``--where label=...`` picks one evaluation per question."""
 
@@ -222,6 +252,8 @@ class RunDir:
             return rec if rec["step"] < step else None
 
         def sampled(rec: dict[str, Any]) -> dict[str, Any] | None:
+            if rec.get("label", "rl") != "rl":  # an evaluation's episodes
+                return evaluated(rec)
             return rec if rec["metrics"]["rl_step"] < step else None
 
         def evaluated(rec: dict[str, Any]) -> dict[str, Any] | None:
@@ -345,6 +377,25 @@ class RunDir:
     def close(self) -> None:
         """Flush and finish the trackers (`finish` does; idempotent)."""
         self.trackers.close()
+
+
+def trajectory_line(
+    where: dict[str, Any],
+    t: Trajectory,
+    decode: Callable[[Sequence[int]], str],
+    layers: dict[str, Any] | None,
+) -> str:
+    """One line of ``trajectories.jsonl``: ``where`` (step, split, label, group) first,
+    then the trajectory (`Trajectory.to_json`, with its decoded ``text``), the text of
+    each token (``pieces``, `agentr1.trainer.tokenlog.token_pieces`) and, for an RL
+    episode, its per-token ``layers`` (docs/report.md)."""
+    from agentr1.trainer.tokenlog import token_pieces
+
+    rec = {**where, **json.loads(t.to_json(decode(t.token_ids)))}
+    rec["pieces"] = token_pieces(t.token_ids, decode)
+    if layers:
+        rec["layers"] = layers
+    return json_line(rec) + "\n"
 
 
 def summary_table(summary: dict[str, Any], metric: str = "em") -> str:

@@ -27,6 +27,7 @@ from agentr1.algorithms import (
 )
 from agentr1.algorithms.objectives import get_kl_variant
 from agentr1.config import Config
+from agentr1.trainer import tokenlog
 from agentr1.trainer.logprobs import token_logprobs
 from agentr1.trainer.setup import train_autocast
 from agentr1.trainer.state import Timer, TrainState
@@ -45,6 +46,9 @@ class Scores:
     old_BT: torch.Tensor | None = None
     """The trainer's own log-probs before the update (off-policy updates, the loss-mask
     ablation); on-policy, the update takes them from its first forward (ratio 1)."""
+    logged_BT: torch.Tensor | None = None
+    """The same before the update for the rows whose tokens the step logs only
+    (`agentr1.trainer.tokenlog.logged_rows`; [N, T]): the report's PPO ratio and KL."""
 
 
 @dataclass(frozen=True)
@@ -106,7 +110,11 @@ def score_batch(
         if s.critic is not None:
             with timer("values"):
                 values = s.critic(batch.input_ids_BT, batch.attention_mask_BT)
-    return Scores(ref_BT=ref, values_BT=values, old_BT=old)
+    logged = None
+    if cfg.train.log_trajectories:
+        with timer("log_tokens"):
+            logged = tokenlog.logprobs_before(s, batch, train_mask_BT, old)
+    return Scores(ref_BT=ref, values_BT=values, old_BT=old, logged_BT=logged)
 
 
 def step_advantages(

@@ -156,7 +156,10 @@ def test_kill_and_resume_matches_uninterrupted_run(tmp_path: Path) -> None:
     assert len(ra) == 4 * 2 * 2 and ra == rb  # steps x tasks x samples, identical
     ta = (tmp_path / "full" / "trajectories.jsonl").read_text().splitlines()
     tb = (tmp_path / "part" / "trajectories.jsonl").read_text().splitlines()
-    assert len(ta) == 4 and ta == tb  # one sample episode a step (log_trajectories=1)
+    # the first task's group a step (log_trajectories=1, 2 samples), and 4 greedy
+    # episodes of each split (eval.max_tasks=4) before and after RL, none doubled
+    labels = Counter(json.loads(x)["label"] for x in ta)
+    assert labels == {"rl": 4 * 2, "before": 2 * 4, "after": 2 * 4} and ta == tb
     s_full = json.loads((tmp_path / "full" / "summary.json").read_text())
     s_part = json.loads((tmp_path / "part" / "summary.json").read_text())
     assert s_full["eval_after"] == s_part["eval_after"]
