@@ -1,4 +1,4 @@
-"""Command line: ``agentr1 demo | train | eval | compare | models | serve`` and the
+"""Command line: ``agentr1 demo | train | eval | compare | report | models | serve`` and the
 subcommands plug-ins add (``qa-eval``, `agentr1.tasks.registry.COMMANDS`).
 
     agentr1 demo [overrides...]                 the embedded default: world + tiny model
@@ -8,6 +8,8 @@ subcommands plug-ins add (``qa-eval``, `agentr1.tasks.registry.COMMANDS`).
     agentr1 qa-eval --model smollm2-135m-instruct --dataset hotpotqa --max-tasks 8
     agentr1 eval --model M --data FOLDER --on-error skip   = qa-eval (question files given)
     agentr1 compare A/eval_episodes.jsonl B/eval_episodes.jsonl --where label=after
+    agentr1 report runs/demo [runs/other ...] [-o report.html]   curves, evals, token viewer
+    agentr1 report --serve runs/demo [--port 8760]   the same, live on 127.0.0.1
     agentr1 models prepare smollm2-135m-instruct
     agentr1 serve retriever --corpus passages.jsonl --kind bm25|dense|hybrid [--port 8765]
     agentr1 serve retriever --data hotpotqa musique --on-error skip
@@ -107,6 +109,49 @@ def _compare(args: argparse.Namespace) -> int:
         print(f"agentr1 compare: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    """``agentr1 report``: the runs' self-contained report.html, or ``--serve`` it."""
+    from agentr1.report import ReportError, write_report
+    from agentr1.report.data import MAX_STEPS
+
+    steps = MAX_STEPS if args.max_steps is None else args.max_steps
+    try:
+        if args.serve:
+            from agentr1.report.serve import serve
+
+            serve(args.run_dirs, args.host, args.port, steps)
+            return 0
+        path = write_report(args.run_dirs, args.out, steps)
+    except (ReportError, OSError) as e:
+        print(f"agentr1 report: {e}", file=sys.stderr)
+        return 2
+    print(path.resolve())
+    return 0
+
+
+def _add_report_parser(sub: Any) -> None:
+    """``agentr1 report RUN_DIR [RUN_DIR ...]``: curves, evaluations, the trajectory viewer."""
+    p = sub.add_parser(
+        "report",
+        help="a run's report.html: curves, evaluation tables, token-level trajectory viewer",
+        description="Write one self-contained report.html (no server, no network) for one "
+        "or more run directories, their curves overlaid; or serve it (--serve) on "
+        "127.0.0.1, refreshed as a run writes. See docs/report.md.",
+    )
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories")
+    p.add_argument("-o", "--out", default=None, help="default: the first RUN_DIR/report.html")
+    p.add_argument(
+        "--max-steps",
+        type=int,
+        default=None,
+        help="RL steps (and evaluations) whose logged episodes the page holds, evenly "
+        "spread (default 30)",
+    )
+    p.add_argument("--serve", action="store_true", help="serve the page instead of writing it")
+    p.add_argument("--host", default="127.0.0.1", help="with --serve (no auth: keep loopback)")
+    p.add_argument("--port", type=int, default=8760, help="with --serve; 0 = any free port")
 
 
 def _add_eval_parser(sub: Any) -> None:
@@ -212,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     p_models.add_argument("name", choices=["smollm2-135m-instruct"])
     p_models.add_argument("--out", default=None, help="output directory")
     _add_eval_parser(sub)
+    _add_report_parser(sub)
     p_cmp = sub.add_parser(
         "compare", help="paired test of two evaluations on the same questions (B minus A)"
     )
@@ -305,6 +351,8 @@ def main(argv: list[str] | None = None) -> int:
         return _serve_retriever(args)
     if args.cmd == "compare":
         return _compare(args)
+    if args.cmd == "report":
+        return _report(args)
     if args.cmd in plugins:
         return plugins[args.cmd].run(args)
     return 1

@@ -9,6 +9,8 @@ runs/<name>/
   checkpoints/         atomic checkpoints (step_XXXXXX/)
   plots/training.png   reward, EM, KL, entropy, lengths, tool calls, stop reasons
   report.md            the summary table
+  report.html          curves, evaluations, the token-level trajectory viewer (`agentr1.report`),
+                       written at each evaluation and at the end
   tb/ wandb/ mlflow.db mlruns/  the experiment trackers ``log.trackers`` chooses (`agentr1.trackers`)
 """
 
@@ -89,6 +91,7 @@ class RunDir:
         "checkpoints",
         "plots",
         "report.md",
+        "report.html",
         "summary.json",
         "final_model",
         "best_model",
@@ -134,6 +137,20 @@ class RunDir:
         with open(self.dir / "metrics.jsonl", "a", encoding="utf-8") as f:
             f.write(json.dumps(row, default=float) + "\n")
         self.trackers.log_row(row)
+        if record.get("phase") in ("eval_before", "eval"):  # the one after RL: `finish`
+            self.write_report()
+
+    def write_report(self) -> Path | None:
+        """Write ``report.html`` (`agentr1.report`: curves, evaluations, the trajectory
+        viewer) as the logs are now; a report that fails is logged, never the run's end."""
+        try:
+            from agentr1.report import write_report
+
+            path = write_report([self.dir], self.dir / "report.html", quiet=True)
+        except Exception as e:  # the report is a view of the logs; the logs are the record
+            log.warning("report.html not written: %s: %s", type(e).__name__, e)
+            return None
+        return path
 
     def log_trajectories(
         self,
@@ -371,6 +388,9 @@ class RunDir:
         table = summary_table(summary, metric)
         write_atomic(self.dir / "report.md", f"# Run report\n\n{table}\n")
         print("\n" + table, flush=True)
+        report = self.write_report()
+        if report is not None:
+            print(f"\nreport: {report.resolve()}", flush=True)
         self.close()
         return table
 
