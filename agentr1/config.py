@@ -375,6 +375,12 @@ class DistributedConfig:
     restarts: int = 3
     """How many times one step replaces a rollout worker whose process died before the
     step fails."""
+    sharding: str = "ddp"
+    """How trainer ranks hold the training state: ``ddp`` = each a whole replica
+    (weights, gradients, AdamW moments), the gradients summed after the backward;
+    ``fsdp`` = each a shard of them (FSDP2, every decoder layer gathered for its pass),
+    for a model whose training state does not fit one device. The same update either way
+    (docs/distributed.md)."""
     timeout_s: float = 600.0
     """How long a trainer rank's collective (a gradient sum, the process group's start)
     waits for the other ranks: a rank that hangs fails the update after this, named.
@@ -568,6 +574,14 @@ class Config:
             )
         if not d.cpus_per_worker > 0 or d.gpus_per_worker < 0:
             errors.append("distributed.cpus_per_worker must be > 0 and gpus_per_worker >= 0")
+        if d.sharding not in ("ddp", "fsdp"):
+            errors.append(f"distributed.sharding={d.sharding!r}: expected ddp or fsdp")
+        rows = self.train.tasks_per_step * self.rollout.n_samples // max(1, self.optim.minibatches)
+        if d.sharding == "fsdp" and not 1 < d.trainer_ranks <= rows:
+            errors.append(
+                f"distributed.sharding=fsdp needs 2 <= trainer_ranks <= the rows of a minibatch "
+                f"({rows}), got trainer_ranks={d.trainer_ranks}: every rank runs every pass"
+            )
         if not d.timeout_s > 0:
             errors.append(
                 f"distributed.timeout_s={d.timeout_s}: must be > 0 (0 would fail every collective)"

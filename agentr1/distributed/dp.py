@@ -137,6 +137,8 @@ def broadcast_flat(tensors: list[torch.Tensor], src: int = 0) -> None:
 class DataParallel:
     """One rank's `agentr1.trainer.update.Collective` over the default process group."""
 
+    lockstep = False
+
     def __init__(self, rank: int, world: int, device: torch.device) -> None:
         self.rank, self.world, self.device = rank, world, device
 
@@ -146,13 +148,18 @@ class DataParallel:
     def sum_gradients(self, params: list[torch.nn.Parameter], ok: bool) -> bool:
         """Sum the gradients (a rank that computed none for a parameter adds zeros) and
         the ranks' count of non-finite losses, in one set of collectives; every rank gets
-        the same sums, hence the same decision to step or skip."""
+        the same sums, hence makes the same decision to step or skip."""
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         failed = torch.tensor([0.0 if ok else 1.0], device=self.device)
-        all_reduce_flat([*(p.grad for p in params if p.grad is not None), failed])
-        return bool(failed.item() == 0.0)
+        grads = [p.grad for p in params if p.grad is not None]
+        all_reduce_flat([*grads, failed])
+        return failed.item() == 0.0 and all(bool(torch.isfinite(g).all()) for g in grads)
+
+    def clip_grad_norm(self, params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+        """The summed gradients are the same on every rank: clip as one process does."""
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
 
     def reduce_metrics(self, means: MetricMeans) -> None:
         """Sums and counts of every metric over ranks; a rank that logged no value of a

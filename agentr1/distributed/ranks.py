@@ -14,6 +14,10 @@ resume, a warm start: whatever rank 0 holds then). Each update sends every rank 
 batch and the permutation generator's state; each rank runs `rl_update` with its
 `agentr1.distributed.dp.DataParallel` (its share of every minibatch, the gradients summed
 over ranks), so every rank takes the same optimizer steps and the replicas stay equal.
+With ``distributed.sharding: fsdp`` each rank (rank 0 too, beside its whole policy) holds
+a shard instead of a replica (`agentr1.distributed.fsdp`); after each update the trained
+weights are gathered into rank 0's policy, and `TrainerGroup.pull_states` gathers the
+optimizer states into rank 0's optimizer before a checkpoint is written.
 
 Failures: a rank that raises aborts its side of the process group, so the others'
 collectives fail at once, and the update raises `TrainerRankError` naming the rank, its
@@ -38,6 +42,7 @@ from agentr1 import lora
 from agentr1.config import AlgoConfig, Config, OptimConfig
 from agentr1.distributed.cluster import actor_options, connect, threads
 from agentr1.distributed.dp import CollectiveError, DataParallel, broadcast_flat, collective
+from agentr1.trainer.setup import train_autocast
 from agentr1.trainer.update import Learner, UpdateBatch, rl_update
 
 log = logging.getLogger(__name__)
@@ -144,6 +149,131 @@ def leave_group() -> None:
         dist.destroy_process_group()
 
 
+def replica_of(learner: Learner) -> dict[str, dict[str, torch.Tensor]]:
+    """``{"params": ..., "grads": ...}``: CPU copies of ``learner``'s trainable parameters
+    (``critic.``-prefixed for the critic's) and of their gradients where they have one;
+    whole tensors of a sharded learner (gathered: every rank calls this together)."""
+
+    def whole(t: torch.Tensor) -> torch.Tensor:
+        full = t.full_tensor() if hasattr(t, "full_tensor") else t
+        return full.detach().cpu().clone()
+
+    params: dict[str, torch.Tensor] = {}
+    grads: dict[str, torch.Tensor] = {}
+    for prefix, module in (("", learner.policy), ("critic.", learner.critic)):
+        if module is None:
+            continue
+        for n, p in module.named_parameters():
+            if p.requires_grad:
+                params[prefix + n] = whole(p)
+                if p.grad is not None:
+                    grads[prefix + n] = whole(p.grad)
+    return {"params": params, "grads": grads}
+
+
+class Replica:
+    """One rank's side of each group operation, over its training copy: a whole replica
+    (ddp) or a shard (fsdp). Every rank calls the same method at the same time.
+
+    Args:
+        learner: the training copy, as built (`build_replica`); sharded by `start` (fsdp).
+    """
+
+    def __init__(self, cfg: Config, learner: Learner, rank: int, world: int) -> None:
+        from agentr1.distributed.fsdp import ShardedParallel
+
+        self.cfg, self.learner, self.rank = cfg, learner, rank
+        self.sharded = cfg.distributed.sharding == "fsdp"
+        device = next(learner.policy.parameters()).device
+        self.dp = (ShardedParallel if self.sharded else DataParallel)(rank, world, device)
+
+    def start(self, source: Learner | None, states: dict[str, Any]) -> None:
+        """Take rank 0's state after joining the group (shard first, with fsdp)."""
+        if self.sharded:
+            from agentr1.distributed.fsdp import shard_learner
+
+            self.learner = shard_learner(self.cfg, self.learner)
+        self.take(source, states)
+
+    def take(self, source: Learner | None, states: dict[str, Any]) -> None:
+        """Rank 0's weights, optimizer and scheduler states; ``source`` = rank 0's learner
+        (on rank 0), None elsewhere; ``states``: `travelling_states` of it."""
+        if not self.sharded:
+            broadcast_flat(replica_tensors(self.learner), src=0)
+            if source is None:  # on rank 0 the replica is the source itself
+                load_learner_states(self.learner, states)
+            return
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+        )
+
+        from agentr1.distributed.fsdp import clear_states, scatter_states
+
+        opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        with collective("sending rank 0's weights"):
+            for name in ("policy", "critic"):
+                module = getattr(self.learner, name)
+                if module is not None:
+                    full = getattr(source, name).state_dict() if source is not None else {}
+                    set_model_state_dict(module, full, options=opts)
+        if states["moments"]:
+            scatter_states(self.learner, learner_states(source) if source is not None else None)
+        else:
+            clear_states(self.learner)
+        if self.learner.scheduler is not None:
+            self.learner.scheduler.load_state_dict(states["scheduler"])
+
+    def update(
+        self,
+        batch: UpdateBatch,
+        algo: AlgoConfig,
+        optim: OptimConfig,
+        temperature: float,
+        generator: torch.Generator,
+        train_policy: bool,
+        autocast: Callable[[], AbstractContextManager[Any]],
+        into: Learner | None,
+    ) -> dict[str, float]:
+        """`rl_update` of this rank's share; with fsdp the trained weights are then
+        gathered into ``into`` (rank 0's whole learner; None elsewhere)."""
+        out = rl_update(
+            self.learner,
+            batch,
+            algo,
+            optim,
+            temperature,
+            generator,
+            train_policy,
+            autocast,
+            self.dp,
+        )
+        if self.sharded:
+            from agentr1.distributed.fsdp import gather_weights
+
+            gather_weights(self.learner, into)
+        return out
+
+    def gather_states(self) -> dict[str, Any]:
+        """fsdp: the optimizer and scheduler states as a checkpoint holds them (rank 0;
+        empty elsewhere); ddp: empty (rank 0's own are the training's)."""
+        if not self.sharded:
+            return {}
+        from agentr1.distributed.fsdp import gather_states
+
+        return gather_states(self.learner, on_rank0=self.rank == 0)
+
+
+def travelling_states(cfg: Config, learner: Learner) -> dict[str, Any]:
+    """What the other ranks receive of rank 0's optimizer and scheduler states through
+    Ray: all of them (ddp), or the schedule's and whether there are moments to scatter
+    through the process group (fsdp)."""
+    if cfg.distributed.sharding != "fsdp":
+        return learner_states(learner)
+    sched = learner.scheduler.state_dict() if learner.scheduler is not None else None
+    return {"scheduler": sched, "moments": bool(learner.optimizer.state)}
+
+
 class TrainerRank:
     """The body of one trainer rank's actor (rank >= 1). The driver calls `run`, which
     leaves the process group when a method raises, so that no peer waits out the
@@ -156,7 +286,7 @@ class TrainerRank:
         self.device = torch.device("cuda", 0) if cuda else torch.device("cpu")
         if cuda:
             torch.cuda.set_device(self.device)
-        self.learner: Learner | None = None
+        self.replica_: Replica | None = None
 
     def run(self, method: str, *args: Any) -> Any:
         try:
@@ -165,24 +295,28 @@ class TrainerRank:
             leave_group()
             raise
 
+    @property
+    def me(self) -> Replica:
+        assert self.replica_ is not None, "build() first"
+        return self.replica_
+
     def pid(self) -> int:
         return os.getpid()
 
     def build(self) -> int:
         """Build the replica (weights to come from rank 0); this process's id."""
         torch.manual_seed(self.cfg.train.seed + self.rank)  # dropout, if any, differs per rank
-        self.learner = build_replica(self.cfg, self.model_config, self.device)
+        learner = build_replica(self.cfg, self.model_config, self.device)
+        self.replica_ = Replica(self.cfg, learner, self.rank, self.world)
         return os.getpid()
 
     def join(self, init_method: str, states: dict[str, Any]) -> None:
         """Join the process group, then take rank 0's weights and states."""
         init_group(init_method, self.rank, self.world, self.device, self.cfg.distributed.timeout_s)
-        self.sync(states)
+        self.me.start(None, states)
 
     def sync(self, states: dict[str, Any]) -> None:
-        assert self.learner is not None
-        broadcast_flat(replica_tensors(self.learner), src=0)
-        load_learner_states(self.learner, states)
+        self.me.take(None, states)
 
     def update(
         self,
@@ -194,48 +328,22 @@ class TrainerRank:
         train_policy: bool,
     ) -> dict[str, float]:
         """`rl_update` of this rank's share of ``batch`` (the driver runs rank 0's)."""
-        from agentr1.trainer.setup import train_autocast
-
-        assert self.learner is not None
         generator = torch.Generator()
         generator.set_state(rng_state)
-        policy = self.learner.policy
-        return rl_update(
-            self.learner,
-            batch.map(lambda x: x.to(self.device)),
-            algo,
-            optim,
-            temperature,
-            generator,
-            train_policy=train_policy,
-            autocast=lambda: train_autocast(self.cfg, policy),
-            dp=DataParallel(self.rank, self.world, self.device),
+        policy = self.me.learner.policy
+        batch = batch.map(lambda x: x.to(self.device))
+        autocast = lambda: train_autocast(self.cfg, policy)  # noqa: E731
+        return self.me.update(
+            batch, algo, optim, temperature, generator, train_policy, autocast, None
         )
+
+    def gather_states(self) -> None:
+        self.me.gather_states()
 
     def replica(self) -> dict[str, dict[str, torch.Tensor]]:
         """CPU copies of the replica's trainable parameters and their gradients, by name
         (checks and tests: every rank should hold rank 0's)."""
-        assert self.learner is not None
-        return replica_of(self.learner)
-
-    def leave(self) -> None:
-        leave_group()
-
-
-def replica_of(learner: Learner) -> dict[str, dict[str, torch.Tensor]]:
-    """``{"params": ..., "grads": ...}``: CPU copies of ``learner``'s trainable parameters
-    (``critic.``-prefixed for the critic's) and of their gradients where they have one."""
-    params: dict[str, torch.Tensor] = {}
-    grads: dict[str, torch.Tensor] = {}
-    for prefix, module in (("", learner.policy), ("critic.", learner.critic)):
-        if module is None:
-            continue
-        for n, p in module.named_parameters():
-            if p.requires_grad:
-                params[prefix + n] = p.detach().cpu().clone()
-                if p.grad is not None:
-                    grads[prefix + n] = p.grad.detach().cpu().clone()
-    return {"params": params, "grads": grads}
+        return replica_of(self.me.learner)
 
 
 def _free_port() -> int:
@@ -283,8 +391,17 @@ class TrainerGroup:
         self._built = [a.run.remote("build") for a in self.actors]
         self.pids: list[int | None] = [None] * len(self.actors)
         self.joined = False
-        self.dp = DataParallel(0, self.world, self.device)
-        log.info("trainer ranks 1..%d starting (%s)", self.world - 1, backend_of(self.device))
+        self.sharded = d.sharding == "fsdp"
+        self.model_config = policy.config
+        self.local: Replica | None = None
+        """Rank 0's side: its sharded training copy (fsdp), or none (ddp: rank 0's own
+        learner is its replica)."""
+        log.info(
+            "trainer ranks 1..%d starting (%s, %s)",
+            self.world - 1,
+            d.sharding,
+            backend_of(self.device),
+        )
 
     # ------------------------------------------------------------------ collectives
     def _ask(self, method: str, *args: Any) -> list[Any]:
@@ -331,20 +448,36 @@ class TrainerGroup:
                 raise TrainerRankError(f"{who} raised {_cause(e)}") from None
         return out
 
+    def _rank0(self, learner: Learner) -> Replica:
+        """Rank 0's `Replica`: a training copy of its own (fsdp, built once), or
+        ``learner`` itself (ddp)."""
+        if not self.sharded:
+            return Replica(self.cfg, learner, 0, self.world)
+        if self.local is None:
+            torch.manual_seed(self.cfg.train.seed)
+            copy = build_replica(self.cfg, self.model_config, self.device)
+            self.local = Replica(self.cfg, copy, 0, self.world)
+        return self.local
+
     def _join(self, learner: Learner) -> None:
         """Wait for the replicas, form the process group, send rank 0's state."""
         self.pids = self._gather(self._built, timeout_s=self.cfg.distributed.timeout_s)
         host = self.ray.util.get_node_ip_address()
         init = f"tcp://{host}:{_free_port()}"
-        states = self.ray.put(learner_states(learner))
-        refs = self._ask("join", init, states)
+        states = travelling_states(self.cfg, learner)
+        refs = self._ask("join", init, self.ray.put(states))
         timeout = self.cfg.distributed.timeout_s
+        me = self._rank0(learner)
 
         def local() -> None:
             init_group(init, 0, self.world, self.device, timeout)
-            broadcast_flat(replica_tensors(learner), src=0)
+            me.start(learner, states)
 
         self._together(refs, local)
+        if self.sharded:  # the shards' optimizers train; rank 0's whole one holds nothing
+            learner.optimizer.state.clear()
+            if learner.critic_optimizer is not None:
+                learner.critic_optimizer.state.clear()
         self.joined = True
         log.info("trainer ranks joined at %s (pids %s)", init, self.pids)
 
@@ -354,10 +487,9 @@ class TrainerGroup:
         if not self.joined:
             self._join(learner)
             return
-        states = self.ray.put(learner_states(learner))
-        self._together(
-            self._ask("sync", states), lambda: broadcast_flat(replica_tensors(learner), 0)
-        )
+        states = travelling_states(self.cfg, learner)
+        me = self._rank0(learner)
+        self._together(self._ask("sync", self.ray.put(states)), lambda: me.take(learner, states))
 
     def update(
         self,
@@ -371,25 +503,41 @@ class TrainerGroup:
         autocast: Callable[[], AbstractContextManager[Any]] = nullcontext,
     ) -> dict[str, float]:
         """`rl_update` over every rank: the same arguments, the same result (the metrics
-        are means over every rank's micro-batches), the same weights after it on every
-        rank."""
+        are means over every rank's micro-batches), the same weights after it in
+        ``learner`` and on every rank."""
         if not self.joined:
             self._join(learner)
         cpu = self.ray.put(batch.map(lambda x: x.detach().cpu()))
         refs = self._ask(
             "update", cpu, algo, optim, temperature, generator.get_state(), train_policy
         )
+        me = self._rank0(learner)
+        if self.sharded:
+            policy = me.learner.policy
+            autocast = lambda: train_autocast(self.cfg, policy)  # noqa: E731
         out: dict[str, float] = self._together(
             refs,
-            lambda: rl_update(
-                learner, batch, algo, optim, temperature, generator, train_policy, autocast, self.dp
+            lambda: me.update(
+                batch, algo, optim, temperature, generator, train_policy, autocast, learner
             ),
         )
         return out
 
-    def replicas(self) -> list[dict[str, dict[str, torch.Tensor]]]:
-        """`TrainerRank.replica` of ranks 1..N-1."""
-        return self._gather(self._ask("replica"), timeout_s=self.cfg.distributed.timeout_s)
+    def training_states(self, learner: Learner) -> dict[str, Any]:
+        """The optimizer and scheduler states a checkpoint holds where they are not
+        ``learner``'s own: gathered from the shards (fsdp); none (ddp: rank 0's are)."""
+        if not (self.sharded and self.joined):
+            return {}
+        me = self._rank0(learner)
+        out: dict[str, Any] = self._together(self._ask("gather_states"), me.gather_states)
+        return out
+
+    def replicas(self, learner: Learner) -> list[dict[str, dict[str, torch.Tensor]]]:
+        """`replica_of` every rank's training copy, rank 0's (``learner``, or its shard)
+        first."""
+        me = self._rank0(learner)
+        rank0 = self._together(refs := self._ask("replica"), lambda: replica_of(me.learner))
+        return [rank0, *self._gather(refs, timeout_s=self.cfg.distributed.timeout_s)]
 
     def close(self) -> None:
         """Leave the process group and stop the ranks' actors (idempotent)."""

@@ -111,6 +111,13 @@ def make_learner(cfg: Config, policy: Any) -> Learner:
     """What an update changes, for ``policy``: its AdamW over the trainable parameters
     (the adapters with LoRA) and LR schedule, and the critic with its optimizer (gae).
     Every trainer rank builds its replica's this way."""
+    critic = ValueModel.from_policy(policy) if cfg.algo.estimator == "gae" else None
+    return make_optimizers(cfg, policy, critic)
+
+
+def make_optimizers(cfg: Config, policy: Any, critic: Any | None) -> Learner:
+    """The optimizers and LR schedule of `make_learner` over ``policy`` and ``critic``
+    as they are (e.g. sharded by `agentr1.distributed.fsdp`)."""
     opt = torch.optim.AdamW(
         lora.trainable_parameters(policy),
         lr=cfg.optim.lr,
@@ -119,9 +126,8 @@ def make_learner(cfg: Config, policy: Any) -> Learner:
     )
     lr_at = lr_schedule(cfg.optim.warmup_steps, max(1, cfg.train.steps), cfg.optim.schedule)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
-    critic = critic_opt = None
-    if cfg.algo.estimator == "gae":
-        critic = ValueModel.from_policy(policy)
+    critic_opt = None
+    if critic is not None:
         critic_opt = torch.optim.AdamW(critic.parameters(), lr=cfg.algo.critic_lr)
     return Learner(policy, opt, sched, critic, critic_opt)
 
@@ -200,6 +206,8 @@ def checkpoint(s: TrainState, run: RunDir, extra: dict[str, Any]) -> None:
     }
     if s.critic_optimizer is not None:
         states["critic_optimizer"] = s.critic_optimizer.state_dict()
+    if s.group is not None:  # sharded trainer ranks: their optimizers', gathered here
+        states |= s.group.training_states(s.learner)
     summary = extra.get("summary")
     keep = s.setup.cfg.train.keep_checkpoints
     meta = {**extra, **run.checkpoint_facts(), "reference": reference_source(s)}

@@ -130,14 +130,23 @@ class Collective(Protocol):
     """What an update asks of its peer ranks in data-parallel training; every rank calls
     each method at the same point of the same update (they are collectives)."""
 
+    lockstep: bool
+    """Every rank runs every one of its micro-batches, forward and backward, even one
+    whose loss is not finite or whose weight is 0 (FSDP: each pass is a collective)."""
+
     def micro_batches(self, by_len: torch.Tensor, micro_batch_size: int) -> list[torch.Tensor]:
         """This rank's micro-batches (row indices) of a minibatch whose rows, shortest
         first, are ``by_len``: a share of the micro-batches one process would run."""
         ...
 
     def sum_gradients(self, params: list[torch.nn.Parameter], ok: bool) -> bool:
-        """Sum every rank's gradients of ``params`` into each ``p.grad``; whether every
-        rank's losses were finite (``ok`` on all of them)."""
+        """Sum every rank's gradients of ``params`` into each ``p.grad``; whether to step:
+        every rank's losses were finite (``ok`` on all of them) and so is the sum (the
+        same answer on every rank)."""
+        ...
+
+    def clip_grad_norm(self, params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+        """`torch.nn.utils.clip_grad_norm_` of the summed gradients (over shards too)."""
         ...
 
     def reduce_metrics(self, means: MetricMeans) -> None:
@@ -192,10 +201,15 @@ def critic_terms(
 
 
 def _accumulate(
-    learner: Learner, mc: UpdateBatch, weight: float, t: _Terms, log_to: MetricMeans
+    learner: Learner,
+    mc: UpdateBatch,
+    weight: float,
+    t: _Terms,
+    log_to: MetricMeans,
+    lockstep: bool = False,
 ) -> bool:
-    """Backpropagate ``weight`` x one micro-batch's loss; False (nothing backpropagated)
-    when the loss is not finite."""
+    """Backpropagate ``weight`` x one micro-batch's loss; False when the loss is not
+    finite (then nothing is backpropagated, unless ``lockstep``: see `Collective`)."""
     loss = torch.zeros(())
     if t.train_policy:
         pl, pm = policy_terms(learner.policy, mc, t)
@@ -205,10 +219,10 @@ def _accumulate(
         vl, vm = critic_terms(learner.critic, mc, t.algo)
         loss = loss + vl
         log_to.add(vm)
-    if not torch.isfinite(loss):
-        return False
-    (loss * weight).backward()
-    return True
+    finite = bool(torch.isfinite(loss))
+    if finite or lockstep:
+        (loss * weight).backward()
+    return finite
 
 
 def _minibatch_step(
@@ -234,25 +248,30 @@ def _minibatch_step(
         if dp is None
         else dp.micro_batches(by_len, optim.micro_batch_size)
     )
+    lockstep = dp is not None and dp.lockstep
     finite = True
     for micro_idx in micros:
         mc = _trim(mb.rows(micro_idx))
         w = float(aggregation_weight(mc.loss_mask_BT, t.algo.agg_mode) / denom)
-        if w != 0.0 and not _accumulate(learner, mc, w, t, log_to):
+        if (w != 0.0 or lockstep) and not _accumulate(learner, mc, w, t, log_to, lockstep):
             finite = False
-            break
+            if not lockstep:
+                break
     params = [p for p in learner.policy.parameters() if p.requires_grad]
     critic_params = [] if learner.critic is None else learner.critic.parameters()
     cparams = [p for p in critic_params if p.requires_grad]
-    if dp is not None:  # every rank, a finite loss or not: the sum is a collective
+    if dp is None:
+        finite = finite and _finite_grads(params + cparams)
+    else:  # every rank, a finite loss or not: the sum is a collective
         finite = dp.sum_gradients(params + cparams, finite)
-    if finite and _finite_grads(params + cparams):
+    if finite:
+        clip = torch.nn.utils.clip_grad_norm_ if dp is None else dp.clip_grad_norm
         if t.train_policy:
-            gn = torch.nn.utils.clip_grad_norm_(params, optim.grad_clip)
+            gn = clip(params, optim.grad_clip)
             log_to.add({"grad_norm": float(gn)})
             learner.optimizer.step()
         if learner.critic_optimizer is not None:
-            torch.nn.utils.clip_grad_norm_(cparams, optim.grad_clip)
+            clip(cparams, optim.grad_clip)
             learner.critic_optimizer.step()
         return True
     log.warning("non-finite loss or gradient: update skipped, weights unchanged")

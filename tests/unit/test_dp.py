@@ -15,6 +15,7 @@ import torch
 
 from agentr1.config import AlgoConfig, OptimConfig
 from agentr1.distributed.dp import buckets, micro_batches_of_rank, micro_size
+from agentr1.distributed.fsdp import lockstep_micro_batches
 from agentr1.trainer.logprobs import token_logprobs
 from agentr1.trainer.update import Collective, Learner, MetricMeans, UpdateBatch, rl_update
 from tests.tiny_models import tiny_llama
@@ -37,6 +38,47 @@ def test_the_ranks_micro_batches_are_each_row_once(rows: int, micro: int, world:
         assert all(share for share in shares)  # every rank has rows to work on
     n_rows = [sum(len(mc) for mc in share) for share in shares]
     assert max(n_rows) - min(n_rows) <= micro_size(rows, micro, world)
+
+
+@pytest.mark.parametrize("rows", [2, 3, 5, 8, 13, 128])
+@pytest.mark.parametrize("micro", [1, 3, 32])
+@pytest.mark.parametrize("world", [2, 3])
+def test_fsdp_ranks_run_as_many_micro_batches_each(rows: int, micro: int, world: int) -> None:
+    if rows < world:
+        with pytest.raises(ValueError, match="every rank needs a row"):
+            lockstep_micro_batches(torch.arange(rows), micro, 0, world)
+        return
+    by_len = torch.randperm(rows, generator=torch.Generator().manual_seed(rows))
+    shares = [lockstep_micro_batches(by_len, micro, r, world) for r in range(world)]
+    assert len({len(share) for share in shares}) == 1  # FSDP: a pass is a collective
+    got = sorted(i for share in shares for mc in share for i in mc.tolist())
+    assert got == list(range(rows))
+    sizes = [len(mc) for share in shares for mc in share]
+    assert min(sizes) >= 1 and max(sizes) - min(sizes) <= 1
+    # At most micro rows, one more where the rows do not split evenly into equal counts
+    # (5 rows, 2 ranks, 1 a micro-batch: 2 + 1 for one rank, 1 + 1 for the other).
+    assert max(sizes) <= max(micro, 1 + (rows % world != 0 and micro == 1))
+    if rows % (world * micro) == 0:
+        assert max(sizes) <= micro
+
+
+def test_fsdp_config_needs_ranks_and_rows() -> None:
+    from agentr1.config import load_config
+    from agentr1.configutil import ConfigError
+
+    load_config(None, ["distributed.trainer_ranks=2", "distributed.sharding=fsdp"])
+    for bad in (
+        ["distributed.sharding=fsdp"],  # one rank
+        ["distributed.trainer_ranks=2", "distributed.sharding=zero3"],
+        [
+            "distributed.trainer_ranks=3",
+            "distributed.sharding=fsdp",
+            "train.tasks_per_step=1",
+            "rollout.n_samples=2",
+        ],
+    ):
+        with pytest.raises(ConfigError, match=r"distributed\.sharding"):
+            load_config(None, bad)
 
 
 def test_buckets_keep_order_dtype_and_size() -> None:
@@ -84,6 +126,8 @@ class ThreadRanks:
         ranks = self
 
         class Rank:
+            lockstep = False
+
             def micro_batches(self, by_len: torch.Tensor, micro: int) -> list[torch.Tensor]:
                 return micro_batches_of_rank(by_len, micro, r, ranks.world)
 
@@ -92,7 +136,11 @@ class ThreadRanks:
                 got = ranks.exchange(r, (ok, mine))
                 for i, p in enumerate(params):
                     p.grad = sum(g[i] for _, g in got)  # type: ignore[index]
-                return all(o for o, _ in got)  # type: ignore[misc]
+                finite = all(bool(torch.isfinite(p.grad).all()) for p in params)  # type: ignore[arg-type]
+                return finite and all(o for o, _ in got)  # type: ignore[misc]
+
+            def clip_grad_norm(self, params: list, max_norm: float) -> torch.Tensor:
+                return torch.nn.utils.clip_grad_norm_(params, max_norm)
 
             def reduce_metrics(self, means: MetricMeans) -> None:
                 got = ranks.exchange(r, (means.sums, means.counts))
