@@ -147,3 +147,13 @@ def test_agentr1_report_overlays_several_runs(
     assert page.count('"name": "run"') == 1 and '"name": "other"' in page
     assert main(["report", str(tmp_path / "nope")]) == 2
     assert "no such run directory" in capsys.readouterr().err
+
+
+def test_the_size_benchmark_measures_a_run(tiny: tuple[Path, list[str]]) -> None:
+    from tests.benchmark_scripts import benchmark
+
+    sizes = benchmark("report_size").measure(tiny[0])
+    assert sizes["rl_steps"] == STEPS and sizes["episodes_per_step"] == 2
+    assert 30 < sizes["log_bytes_per_token"] < 200
+    assert sizes["report_html"] == (tiny[0] / "report.html").stat().st_size
+    assert sizes["log_1000_steps_MB"] == pytest.approx(sizes["log_bytes_per_rl_step"] / 1000)
