@@ -315,3 +315,16 @@ def test_a_rank_that_hangs_is_named_after_the_timeout(cluster: Any) -> None:
                      torch.Generator().manual_seed(0))  # fmt: skip
     finally:
         g.close()
+
+
+def test_the_benchmark_runs_every_setting(cluster: Any) -> None:
+    """benchmarks/ddp.py on a tiny batch (no warm start, 2 tasks): each setting's update
+    runs and is timed."""
+    import argparse
+
+    from tests.benchmark_scripts import benchmark
+
+    args = argparse.Namespace(sft_steps=0, tasks=2, repeats=2, rounds=1, only=None)
+    results = benchmark("ddp").run(args)
+    assert set(results) == set(benchmark("ddp").SETTINGS)
+    assert all(r["tokens_per_s"] > 0 for r in results.values())
