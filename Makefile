@@ -117,7 +117,7 @@ test-report: browser
 	$(BIN)/pytest -q -m browser tests/e2e/test_report_browser.py
 
 test-slow: $(STAMP)
-	$(BIN)/pytest -q -m slow --timeout=1800
+	$(BIN)/pytest -q -m 'slow and not ray' --timeout=1800
 
 # The studies' tests, slow ones included (this -m replaces addopts' 'not slow and not gpu').
 test-experiments: $(STAMP)

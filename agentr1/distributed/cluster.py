@@ -119,3 +119,14 @@ def threads(d: DistributedConfig) -> int:
     if d.worker_threads:
         return d.worker_threads
     return max(1, int(-(-d.cpus_per_worker // 1)))
+
+
+def ray_cause(e: BaseException) -> str:
+    """What went wrong in an actor, in one line, without Ray's wrapping: the actor's own
+    exception when Ray carries it, else the last line of Ray's message (its advice cut)."""
+    cause = getattr(e, "cause", None)
+    if isinstance(cause, BaseException):
+        return f"{type(cause).__name__}: {cause}"
+    text = str(e).strip().splitlines()
+    last = text[-1].split(" Some common causes")[0] if text else ""
+    return f"{type(e).__name__}: {last}"

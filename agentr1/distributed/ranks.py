@@ -40,7 +40,7 @@ import torch
 
 from agentr1 import lora
 from agentr1.config import AlgoConfig, Config, OptimConfig
-from agentr1.distributed.cluster import actor_options, connect, threads
+from agentr1.distributed.cluster import actor_options, connect, ray_cause, threads
 from agentr1.distributed.dp import CollectiveError, DataParallel, broadcast_flat, collective
 from agentr1.trainer.setup import train_autocast
 from agentr1.trainer.update import Learner, UpdateBatch, rl_update
@@ -443,9 +443,9 @@ class TrainerGroup:
             try:
                 out.append(ray.get(ref))
             except ray.exceptions.RayActorError as e:
-                raise TrainerRankError(f"{who} died: {_cause(e)}") from None
+                raise TrainerRankError(f"{who} died: {ray_cause(e)}") from None
             except ray.exceptions.RayTaskError as e:
-                raise TrainerRankError(f"{who} raised {_cause(e)}") from None
+                raise TrainerRankError(f"{who} raised {ray_cause(e)}") from None
         return out
 
     def _rank0(self, learner: Learner) -> Replica:
@@ -547,13 +547,3 @@ class TrainerGroup:
         for a in self.actors:
             self.ray.kill(a, no_restart=True)
         self.actors = []
-
-
-def _cause(e: BaseException) -> str:
-    """The first line of what went wrong, without Ray's wrapping."""
-    cause = getattr(e, "cause", None)
-    if isinstance(cause, BaseException):
-        return f"{type(cause).__name__}: {cause}"
-    text = str(e).strip().splitlines()
-    last = text[-1].split(" Some common causes")[0] if text else ""  # Ray's advice, cut
-    return f"{type(e).__name__}: {last}"

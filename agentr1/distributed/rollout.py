@@ -38,7 +38,7 @@ import torch
 
 from agentr1 import lora
 from agentr1.config import Config
-from agentr1.distributed.cluster import actor_options, connect, threads
+from agentr1.distributed.cluster import actor_options, connect, ray_cause, threads
 from agentr1.rollout.loop import RolloutConfig, RolloutStats, run_rollout
 from agentr1.types import Task, TrajectoryGroup
 
@@ -161,7 +161,7 @@ class RolloutPool:
             pid = self.ray.get(actor.pid.remote())
         except self.ray.exceptions.RayError as e:
             raise RolloutWorkerError(
-                f"rollout worker {name!r} could not start: {_cause(e)}"
+                f"rollout worker {name!r} could not start: {ray_cause(e)}"
             ) from None
         if self._full is not None or self._adapters is not None:
             full = None if self._adapters is not None else self._full
@@ -279,7 +279,7 @@ class RolloutPool:
         except self.ray.exceptions.RayTaskError as e:
             ids = [t.id for t in call.tasks]
             raise RolloutWorkerError(
-                f"rollout worker {w.name!r} (pid {w.pid}) raised on tasks {ids}: {_cause(e)}"
+                f"rollout worker {w.name!r} (pid {w.pid}) raised on tasks {ids}: {ray_cause(e)}"
             ) from None
 
     def _replace(self, d: _Dispatch, dead: _Handle, call: _Call, err: Exception) -> None:
@@ -298,13 +298,13 @@ class RolloutPool:
             raise RolloutWorkerError(
                 f"rollout worker {dead.name!r} (pid {dead.pid}) died and "
                 f"{d.replaced - 1} replacements died too this step (distributed.restarts="
-                f"{self.cfg.distributed.restarts}): {_cause(err)}"
+                f"{self.cfg.distributed.restarts}): {ray_cause(err)}"
             )
         log.warning(
             "rollout worker %s (pid %d) died: %s; replacing it and running its %d call(s) again",
             dead.name,
             dead.pid,
-            _cause(err),
+            ray_cause(err),
             len(lost),
         )
         with self._lock:
@@ -324,15 +324,6 @@ def _nbytes(tensors: Any) -> int:
     if isinstance(tensors, tuple | list):
         return sum(_nbytes(v) for v in tensors)
     return 0
-
-
-def _cause(e: BaseException) -> str:
-    """The first line of what went wrong, without Ray's wrapping."""
-    cause = getattr(e, "cause", None)
-    if isinstance(cause, BaseException):
-        return f"{type(cause).__name__}: {cause}"
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[-1] if text else ''}"
 
 
 def _add_stats(into: RolloutStats, st: RolloutStats) -> None:
