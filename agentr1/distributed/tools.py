@@ -15,15 +15,13 @@ never wait behind the rollout workers for a slot of a small cluster.
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from agentr1.config import DistributedConfig
 from agentr1.distributed.cluster import connect
-from agentr1.tools.workers import ToolProcessDied, ToolRaised
+from agentr1.tools.workers import KillablePool, ToolProcessDied, ToolRaised
 
 
 class ToolActor:
@@ -41,23 +39,18 @@ class ToolActor:
         return _exit_guarded(self.fn, arguments)
 
 
-class RayCalls:
+class RayCalls(KillablePool):
     """Up to ``actors`` Ray actors running one function; `call` blocks (run it on a
     worker thread), like `ProcessCalls.call`."""
+
+    kinds = "actors"
 
     def __init__(
         self, fn: Callable[..., Any], actors: int = 2, start_timeout_s: float = 60.0
     ) -> None:
-        if actors < 1:
-            raise ValueError(f"actors={actors}: expected >= 1")
+        super().__init__(actors, start_timeout_s)
         self.fn = fn
         self.actors = actors
-        self.start_timeout_s = start_timeout_s
-        self._idle: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._running = 0
-        self.started = 0
-        self.killed = 0
         self._ray: Any = None
         self._cls: Any = None
 
@@ -79,35 +72,9 @@ class RayCalls:
             raise ToolProcessDied(f"the tool's actor could not start: {_first_line(e)}") from None
         return actor
 
-    def _acquire(self, deadline: float) -> Any:
-        while True:
-            try:
-                return self._idle.get_nowait()
-            except queue.Empty:
-                pass
-            with self._lock:
-                can_start = self._running < self.actors
-                if can_start:
-                    self._running += 1
-            if can_start:
-                try:
-                    return self._start()
-                except BaseException:
-                    with self._lock:
-                        self._running -= 1
-                    raise
-            wait = deadline - time.monotonic()
-            if wait <= 0:
-                raise TimeoutError(f"all {self.actors} of the tool's actors stayed busy")
-            try:
-                return self._idle.get(timeout=min(wait, 0.05))
-            except queue.Empty:
-                continue
-
     def _discard(self, actor: Any) -> None:
         self._ray.kill(actor, no_restart=True)
-        with self._lock:
-            self._running -= 1
+        super()._discard(actor)
 
     def call(self, arguments: dict[str, Any], timeout_s: float) -> Any:
         """The function's value on ``arguments`` in an actor.
@@ -137,15 +104,6 @@ class RayCalls:
             raise ToolRaised(type(cause).__name__, str(cause)[:2000]) from None
         self._idle.put(actor)
         return out
-
-    def close(self) -> None:
-        """Stop the idle actors (busy ones end when their call does)."""
-        while True:
-            try:
-                actor = self._idle.get_nowait()
-            except queue.Empty:
-                return
-            self._discard(actor)
 
 
 def _first_line(e: BaseException) -> str:

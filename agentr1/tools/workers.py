@@ -200,7 +200,73 @@ def _serve(conn: Any, module: str, qualname: str) -> None:
                 conn.send(("error", type(e).__name__, "the tool's result could not be sent"))
 
 
-class ProcessCalls:
+class KillablePool:
+    """Up to ``size`` killable workers of one function (processes, Ray actors): an idle
+    one is reused, another started while fewer than ``size`` run, else the call waits
+    for one to come free. Subclasses start (`_start`) and discard (`_discard`) them."""
+
+    kinds = "workers"
+    """What its workers are, in messages ("processes", "actors")."""
+
+    def __init__(self, size: int, start_timeout_s: float) -> None:
+        if size < 1:
+            raise ValueError(f"{self.kinds}={size}: expected >= 1")
+        self.size = size
+        self.start_timeout_s = start_timeout_s
+        self._idle: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._running = 0
+        self.started = 0
+        self.killed = 0
+
+    def _start(self) -> Any:
+        raise NotImplementedError
+
+    def _discard(self, worker: Any) -> None:
+        """Kill ``worker`` and free its place; subclasses kill, then call this."""
+        with self._lock:
+            self._running -= 1
+
+    def _acquire(self, deadline: float) -> Any:
+        """An idle worker, a new one, or the first to come free before ``deadline``.
+
+        Raises:
+            TimeoutError: every worker stayed busy until ``deadline``."""
+        while True:
+            try:
+                return self._idle.get_nowait()
+            except queue.Empty:
+                pass
+            with self._lock:
+                can_start = self._running < self.size
+                if can_start:
+                    self._running += 1
+            if can_start:
+                try:
+                    return self._start()
+                except BaseException:
+                    with self._lock:
+                        self._running -= 1
+                    raise
+            wait = deadline - time.monotonic()
+            if wait <= 0:
+                raise TimeoutError(f"all {self.size} of the tool's {self.kinds} stayed busy")
+            try:
+                return self._idle.get(timeout=min(wait, 0.05))
+            except queue.Empty:
+                continue
+
+    def close(self) -> None:
+        """Stop the idle workers (busy ones end when their call does)."""
+        while True:
+            try:
+                worker = self._idle.get_nowait()
+            except queue.Empty:
+                return
+            self._discard(worker)
+
+
+class ProcessCalls(KillablePool):
     """A pool of up to ``processes`` worker processes running one function.
 
     `call` blocks (run it on a worker thread): it takes an idle process (starting one if
@@ -209,19 +275,14 @@ class ProcessCalls:
     process that dies mid-call costs that call (`ToolProcessDied`).
     """
 
+    kinds = "processes"
+
     def __init__(
         self, fn: Callable[..., Any], processes: int = 2, start_timeout_s: float = 60.0
     ) -> None:
-        if processes < 1:
-            raise ValueError(f"processes={processes}: expected >= 1")
+        super().__init__(processes, start_timeout_s)
         self.target = importable(fn)
         self.processes = processes
-        self.start_timeout_s = start_timeout_s
-        self._idle: queue.SimpleQueue[tuple[Any, Any]] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._running = 0
-        self.started = 0
-        self.killed = 0
 
     def _start(self) -> tuple[Any, Any]:
         ctx = multiprocessing.get_context("spawn")
@@ -245,36 +306,11 @@ class ProcessCalls:
             raise ToolProcessDied(first[2])
         return proc, parent
 
-    def _acquire(self, deadline: float) -> tuple[Any, Any]:
-        while True:
-            try:
-                return self._idle.get_nowait()
-            except queue.Empty:
-                pass
-            with self._lock:
-                can_start = self._running < self.processes
-                if can_start:
-                    self._running += 1
-            if can_start:
-                try:
-                    return self._start()
-                except BaseException:
-                    with self._lock:
-                        self._running -= 1
-                    raise
-            wait = deadline - time.monotonic()
-            if wait <= 0:
-                raise TimeoutError(f"all {self.processes} of the tool's processes stayed busy")
-            try:
-                return self._idle.get(timeout=min(wait, 0.05))
-            except queue.Empty:
-                continue
-
-    def _discard(self, proc: Any, conn: Any) -> None:
+    def _discard(self, worker: tuple[Any, Any]) -> None:
+        proc, conn = worker
         _kill(proc)
         conn.close()
-        with self._lock:
-            self._running -= 1
+        super()._discard(worker)
 
     def call(self, arguments: dict[str, Any], timeout_s: float) -> Any:
         """The function's value on ``arguments`` in a worker process.
@@ -293,25 +329,16 @@ class ProcessCalls:
         except (EOFError, OSError):  # the pipe closed: the process is gone
             proc.join(timeout=1)
             code = proc.exitcode if proc.exitcode is not None else "unknown"
-            self._discard(proc, conn)
+            self._discard((proc, conn))
             raise ToolProcessDied(f"the tool's process died (exit code {code})") from None
         if reply is None:
             self.killed += 1
-            self._discard(proc, conn)
+            self._discard((proc, conn))
             raise TimeoutError(f"no answer within {timeout_s:g} s (its process was killed)")
         self._idle.put((proc, conn))
         if reply[0] == "ok":
             return reply[1]
         raise ToolRaised(reply[1], reply[2])
-
-    def close(self) -> None:
-        """Stop the idle processes (busy ones are killed when their call ends)."""
-        while True:
-            try:
-                proc, conn = self._idle.get_nowait()
-            except queue.Empty:
-                return
-            self._discard(proc, conn)
 
 
 def _kill(proc: Any) -> None:
