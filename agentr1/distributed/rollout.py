@@ -59,7 +59,6 @@ class RolloutWorker:
         torch.set_num_threads(threads(cfg.distributed))
         self.name = name
         self.make_env, self.chat, self.generator = sampler_setup(cfg, model_path, task)
-        self.generator.weight_version = 0  # type: ignore[attr-defined]
         self.base: dict[str, torch.Tensor] | None = None
 
     def pid(self) -> int:

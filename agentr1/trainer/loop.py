@@ -67,8 +67,7 @@ def sample_rollouts(
     the rollout workers (`agentr1.trainer.rollouts`); with staleness metrics."""
     if s.rollouts is None:  # the first step: the workers start from these weights
         s.rollouts = make_rollouts(s)
-    groups, stats, metrics = s.rollouts.batch(s, timer)
-    return groups, stats, metrics
+    return s.rollouts.batch(s, timer)
 
 
 def rl_step(s: TrainState, run: RunDir) -> dict[str, float]:
