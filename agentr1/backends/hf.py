@@ -19,7 +19,10 @@ How a batch is generated (``HFGenerator.generate``):
    prefix | padding | rest. The padding in the middle is masked and position ids count
    real tokens, so every row computes what it would alone.
 3. **Decode**: one forward per new token feeds the sampled token (``[B, 1]``) at the next
-   position of each row, appends a column of ones to the mask, and reuses the cache.
+   position of each row, extends the mask by a column of ones, and reuses the cache. The
+   cache's full-attention layers are `ReservedLayer`s: each reserves the chunk's widest
+   row plus its longest cap at the start and writes every token in place, where
+   transformers' ``DynamicLayer`` copies the whole cache once per token.
    Rows that have finished are fed the pad token and their outputs are frozen; the loop
    ends when every row has finished. Everything runs under ``torch.inference_mode()``
    with the model in eval mode (its previous mode is restored afterwards).
@@ -368,6 +371,76 @@ class KeptCaches:
         return row
 
 
+class ReservedLayer(DynamicLayer):
+    """A full-attention cache layer that writes into a preallocated buffer.
+
+    transformers' ``DynamicLayer`` concatenates the whole cache with each new token's keys
+    and values: a copy of every cached byte per decoded token (57% of a decode pass of the
+    demo's model at 128 rows, `benchmarks/RESULTS.md`, "Roofline"). This layer reserves
+    ``[B, heads, reserve, head_dim]`` at its first update, writes each update in place and
+    exposes ``keys`` / ``values`` as views of the filled columns, so attention reads the
+    same values it would from the concatenated tensors. A write beyond the buffer grows it
+    once (to twice what is needed); batch edits (repeat, select) rebuild it.
+    """
+
+    def __init__(self, reserve: int) -> None:
+        super().__init__()
+        self.reserve = reserve
+        self._k: torch.Tensor | None = None
+        self._v: torch.Tensor | None = None
+        self._n = 0
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n, t = self._n, key_states.shape[-2]
+        if self._k is None or n + t > self._k.shape[-2] or self._k.shape[0] != key_states.shape[0]:
+            self._grow(key_states, value_states, n + t)
+        assert self._k is not None and self._v is not None
+        self._k[:, :, n : n + t] = key_states
+        self._v[:, :, n : n + t] = value_states
+        self._n = n + t
+        self.keys, self.values = self._k[:, :, : self._n], self._v[:, :, : self._n]
+        return self.keys, self.values
+
+    def _grow(self, key_states: torch.Tensor, value_states: torch.Tensor, needed: int) -> None:
+        B, H, _, D = key_states.shape
+        cap = max(needed, self.reserve) if self._k is None else 2 * needed
+        k = key_states.new_empty((B, H, cap, D))
+        v = value_states.new_empty((B, H, cap, value_states.shape[-1]))
+        if self._n:
+            k[:, :, : self._n] = self.keys
+            v[:, :, : self._n] = self.values
+        self._k, self._v = k, v
+
+    def _rebuild(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Hold exactly ``keys`` / ``values`` (a batch edit), keeping room to grow."""
+        self._k = self._v = None
+        self._n = 0
+        self.update(keys, values)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if self._n:
+            k, v = self.keys.repeat_interleave(repeats, 0), self.values.repeat_interleave(repeats, 0)
+            self._rebuild(k, v)
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if self._n:
+            self._rebuild(self.keys[indices], self.values[indices])
+
+    def crop(self, tokens_to_remove: int) -> None:
+        super().crop(tokens_to_remove)
+        if self.is_initialized and self.keys is not None:
+            self._n = self.keys.shape[-2]
+
+    def reset(self) -> None:
+        super().reset()
+        self._k = self._v = None
+        self._n = 0
+
+
 def cache_layers_kv(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
     """Per layer (keys, values) ``[B, heads, T, head_dim]`` of a plain full-attention
     cache; None when some layer is anything else (sliding window, recurrent state)."""
@@ -375,7 +448,7 @@ def cache_layers_kv(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tenso
     if layers is None:  # transformers 4.x: per-layer lists on the cache itself
         legacy: Any = cache
         return list(zip(legacy.key_cache, legacy.value_cache, strict=True))
-    if not layers or any(type(layer) is not DynamicLayer for layer in layers):
+    if not layers or any(type(layer) not in (DynamicLayer, ReservedLayer) for layer in layers):
         return None
     return [(layer.keys, layer.values) for layer in layers]
 
@@ -570,18 +643,29 @@ class HFGenerator:
         until every row has finished; row ``i`` stops with "length" at ``caps[i]`` tokens
         (default ``params.max_new_tokens``)."""
         device = self.model.device
-        cache = _new_cache(self.model)
-        if kept is not None and any(k is not None for k in kept):
+        n = len(prompts)
+        caps = caps or [params.max_new_tokens] * n
+        longest = max(caps)
+        with_kept = kept is not None and any(k is not None for k in kept)
+        # Columns the prefill lays out (`_prefill` / `_prefill_kept`), then one per token.
+        if kept is not None and with_kept:
+            lens = [0 if k is None else len(k.tokens) for k in kept]
+            width = max(lens) + max(len(p) - c for p, c in zip(prompts, lens, strict=True))
+        else:
+            width = max(len(p) for p in prompts)
+        cache = _new_cache(self.model, reserve=width + longest)
+        if kept is not None and with_kept:
             logits_BV, mask_BT = self._prefill_kept(prompts, kept, cache)
         else:
             logits_BV, mask_BT = self._prefill(prompts, cache)
         prefill_mask_BT = mask_BT
+        # The mask of every decode step, filled once: step s feeds columns [0, width + s].
+        width = mask_BT.shape[1]
+        full_mask_BT = torch.ones((n, width + longest), dtype=mask_BT.dtype, device=device)
+        full_mask_BT[:, :width] = mask_BT
         next_pos_B1 = mask_BT.sum(dim=-1, keepdim=True)  # position of the next token per row
         stop_ids = set(params.stop_token_ids)
 
-        n = len(prompts)
-        caps = caps or [params.max_new_tokens] * n
-        longest = max(caps)
         tokens: list[list[int]] = [[] for _ in range(n)]
         logprobs: list[list[float]] = [[] for _ in range(n)]
         finish: list[Literal["stop", "length"] | None] = [None] * n
@@ -602,7 +686,7 @@ class HFGenerator:
                 break
             done_B = torch.tensor([f is not None for f in finish], device=device)
             feed_B1 = torch.where(done_B, self.pad_id, tokens_B)[:, None]
-            mask_BT = torch.cat([mask_BT, torch.ones_like(mask_BT[:, :1])], dim=-1)
+            mask_BT = full_mask_BT[:, : width + step + 1]
             logits_BV = self._forward(feed_B1, mask_BT, next_pos_B1, cache)
             next_pos_B1 = next_pos_B1 + 1
 
@@ -705,9 +789,17 @@ class HFGenerator:
         return ends_with_stop_string(row_tokens, params.stop, self.tokenizer)
 
 
-def _new_cache(model: PreTrainedModel) -> DynamicCache:
-    """An empty KV cache laid out for ``model`` (sliding-window layers included)."""
+def _new_cache(model: PreTrainedModel, reserve: int = 0) -> DynamicCache:
+    """An empty KV cache laid out for ``model`` (sliding-window layers included); with
+    ``reserve`` > 0 its plain full-attention layers are `ReservedLayer`s of that many
+    columns (no copy of the cache per decoded token)."""
     try:
-        return DynamicCache(config=model.config)
+        cache = DynamicCache(config=model.config)
     except TypeError:  # transformers 4.x: no config argument, layers created lazily
         return DynamicCache()
+    layers = getattr(cache, "layers", None)
+    if reserve > 0 and layers:
+        for i, layer in enumerate(layers):
+            if type(layer) is DynamicLayer:
+                layers[i] = ReservedLayer(reserve)
+    return cache

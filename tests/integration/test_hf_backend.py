@@ -475,3 +475,68 @@ def test_row_caps_apply_inside_one_batched_call(gen: HFGenerator) -> None:
         SamplingParams(max_new_tokens=4, row_max_new_tokens=(5, 1))
     with pytest.raises(ValueError, match="2 caps for 4 prompts"):
         gen.generate(PROMPTS, SamplingParams(max_new_tokens=4, row_max_new_tokens=(4, 1)))
+
+
+def test_reserved_layer_writes_in_place_and_equals_the_dynamic_layer() -> None:
+    """The decode cache's layer keeps one buffer while it fits (no copy of the cache per
+    token), shows exactly the concatenated keys and values, grows once when it does not
+    fit, and rebuilds on batch edits."""
+    from transformers.cache_utils import DynamicLayer
+
+    from agentr1.backends.hf import ReservedLayer
+
+    torch.manual_seed(0)
+    ours, theirs = ReservedLayer(reserve=6), DynamicLayer()
+    steps = [torch.randn(2, 3, t, 4) for t in (3, 1, 1, 1)]
+    for i, k in enumerate(steps):
+        a, b = ours.update(k, -k), theirs.update(k, -k)
+        if i == 0:
+            buffer = ours._k.data_ptr()  # type: ignore[union-attr]
+        for x, y in zip(a, b, strict=True):
+            torch.testing.assert_close(x, y, atol=0, rtol=0)
+    assert ours._k.data_ptr() == buffer and ours.get_seq_length() == 6  # type: ignore[union-attr]
+    grow = torch.randn(2, 3, 2, 4)
+    for x, y in zip(ours.update(grow, grow), theirs.update(grow, grow), strict=True):
+        torch.testing.assert_close(x, y, atol=0, rtol=0)
+    assert ours._k.shape[-2] == 16 and ours.get_seq_length() == 8  # type: ignore[union-attr]
+    ours.batch_repeat_interleave(2)
+    theirs.batch_repeat_interleave(2)
+    torch.testing.assert_close(ours.keys, theirs.keys, atol=0, rtol=0)
+    ours.batch_select_indices(torch.tensor([3, 0]))
+    theirs.batch_select_indices(torch.tensor([3, 0]))
+    last = torch.randn(2, 3, 1, 4)
+    for x, y in zip(ours.update(last, last), theirs.update(last, last), strict=True):
+        torch.testing.assert_close(x, y, atol=0, rtol=0)
+
+
+def test_generation_with_reserved_layers_equals_dynamic_caches(
+    gen: HFGenerator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seeded sampling through a session (kept caches, shared prefixes) gives the same
+    tokens and log-probs whether the cache writes in place or concatenates."""
+    import agentr1.backends.hf as hf
+
+    reserved: list[int] = []
+    made = hf._new_cache
+
+    def spy(model: object, reserve: int = 0) -> object:
+        reserved.append(reserve)
+        return made(model, reserve)  # type: ignore[arg-type]
+
+    prefix = [40 + i % 20 for i in range(36)]  # long enough to be prefilled once
+    prompts = [prefix + p for p in PROMPTS]
+    params = SamplingParams(max_new_tokens=8, temperature=1.0, seed=3)
+
+    def two_turns() -> list[Completion]:
+        with gen.session():
+            first = gen.generate(prompts, params)
+            return gen.generate([p + c.token_ids + [20] for p, c in zip(prompts, first)], params)
+
+    monkeypatch.setattr(hf, "_new_cache", spy)
+    ours = two_turns()
+    assert reserved and all(r > 0 for r in reserved)
+    monkeypatch.setattr(hf, "_new_cache", lambda model, reserve=0: made(model, 0))
+    theirs = two_turns()
+    for a, b in zip(ours, theirs, strict=True):
+        assert a.token_ids == b.token_ids
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-6)
