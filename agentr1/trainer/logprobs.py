@@ -163,3 +163,31 @@ def token_logprobs(
         out_lp = out_lp.index_put((idx_b, idx_t), torch.cat(lps))
         out_ent = out_ent.index_put((idx_b, idx_t), torch.cat(ents))
     return out_lp, out_ent
+
+
+@torch.no_grad()
+def sorted_token_logprobs(
+    model: Any,
+    input_ids_BT: torch.Tensor,
+    attention_mask_BT: torch.Tensor,
+    select_BT: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    rows: int = 32,
+) -> torch.Tensor:
+    """`token_logprobs` without gradients, ``rows`` rows a pass: rows sorted by length and
+    each pass cut to its longest row, so a batch of mixed lengths computes little
+    padding (one pass over the whole batch pads every row to the longest). Equal to one
+    pass up to float rounding (each row's result does not depend on its batch-mates).
+    [B, T]
+    """
+    B, T = input_ids_BT.shape
+    out_BT = torch.zeros(B, T, dtype=torch.float32, device=input_ids_BT.device)
+    lengths_B = attention_mask_BT.sum(-1)
+    for idx in torch.argsort(lengths_B, stable=True).split(max(1, rows)):
+        t = max(1, int(lengths_B[idx].max()))
+        sel = None if select_BT is None else select_BT[idx, :t]
+        lp, _ = token_logprobs(
+            model, input_ids_BT[idx, :t], attention_mask_BT[idx, :t], sel, temperature
+        )
+        out_BT[idx, :t] = lp
+    return out_BT

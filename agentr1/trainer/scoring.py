@@ -28,7 +28,7 @@ from agentr1.algorithms import (
 from agentr1.algorithms.objectives import get_kl_variant
 from agentr1.config import Config
 from agentr1.trainer import tokenlog
-from agentr1.trainer.logprobs import token_logprobs
+from agentr1.trainer.logprobs import sorted_token_logprobs
 from agentr1.trainer.setup import train_autocast
 from agentr1.trainer.state import Timer, TrainState
 from agentr1.trainer.update import UpdateBatch
@@ -87,10 +87,14 @@ def score_batch(
     temp = cfg.rollout.temperature
 
     def logprobs(model: torch.nn.Module) -> torch.Tensor:
-        lp_BT, _ = token_logprobs(
-            model, batch.input_ids_BT, batch.attention_mask_BT, train_mask_BT, temp
+        return sorted_token_logprobs(
+            model,
+            batch.input_ids_BT,
+            batch.attention_mask_BT,
+            train_mask_BT,
+            temp,
+            rows=cfg.optim.micro_batch_size,
         )
-        return lp_BT
 
     old = ref = values = None
     on_policy = cfg.optim.ppo_epochs == 1 and cfg.optim.minibatches == 1

@@ -381,3 +381,30 @@ def test_rollout_metrics_count_groups_whose_rewards_tie() -> None:
     assert m["groups_tied"] == pytest.approx(1 / 3)
     assert m["groups_outcome_tied"] == pytest.approx(2 / 3)
     assert "groups_tied" not in rollout_metrics(groups[3:], RolloutStats(), ())
+
+
+def test_sorted_token_logprobs_equal_one_pass() -> None:
+    """The no-grad passes (reference, old log-probs) run rows sorted by length, a few at
+    a time, each pass cut to its longest row: the same log-probs as one padded pass."""
+    from agentr1.trainer.logprobs import sorted_token_logprobs
+
+    model = tiny_llama(vocab_size=64, hidden=32, layers=2)
+    torch.manual_seed(1)
+    lengths = [5, 23, 9, 17, 30, 2]
+    ids = torch.randint(1, 64, (len(lengths), 30))
+    attn = torch.zeros_like(ids)
+    for row, n in enumerate(lengths):
+        attn[row, :n] = 1
+    ids = ids * attn
+    select = attn.clone()
+    select[:, :3] = 0
+    with torch.no_grad():
+        one, _ = token_logprobs(model, ids, attn, select, 0.7)
+    seen: list[tuple[int, int]] = []
+    hook = model.model.register_forward_pre_hook(
+        lambda _m, _a, kw: seen.append(tuple(kw["input_ids"].shape)), with_kwargs=True
+    )
+    sorted_ = sorted_token_logprobs(model, ids, attn, select, 0.7, rows=4)
+    hook.remove()
+    assert seen == [(4, 17), (2, 30)]  # lengths 2, 5, 9, 17, then 23, 30
+    torch.testing.assert_close(sorted_, one, atol=1e-5, rtol=1e-5)
