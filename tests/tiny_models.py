@@ -35,6 +35,7 @@ def tiny_llama(
     heads: int = 4,
     seed: int = 0,
     init_std: float = 0.5,
+    kv_heads: int | None = None,
 ) -> LlamaForCausalLM:
     """A randomly initialised float32 ``LlamaForCausalLM`` in eval mode.
 
@@ -49,7 +50,7 @@ def tiny_llama(
         intermediate_size=2 * hidden,
         num_hidden_layers=layers,
         num_attention_heads=heads,
-        num_key_value_heads=heads,
+        num_key_value_heads=kv_heads or heads,
         max_position_embeddings=256,
         initializer_range=init_std,
         pad_token_id=0,

@@ -81,6 +81,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
+from agentr1.backends.attention import use_decode_sdpa
 from agentr1.backends.base import Completion, SamplingParams
 
 MIN_SHARED_PREFIX = 32
@@ -494,6 +495,8 @@ class HFGenerator:
         # Any valid id works as padding (it is masked out everywhere) and 0 always exists;
         # configs' pad ids are often None or, for some checkpoints, outside the embedding.
         self.pad_id = 0
+        # Grouped-query decode without torch's slow ``enable_gqa`` CPU kernel (the module).
+        use_decode_sdpa(model)
         forward_args = inspect.signature(model.forward).parameters
         self._cache_kwarg = cache_kwarg(model) or "past_key_values"
         self._keep_kwarg = next(

@@ -540,3 +540,27 @@ def test_generation_with_reserved_layers_equals_dynamic_caches(
     for a, b in zip(ours, theirs, strict=True):
         assert a.token_ids == b.token_ids
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-6)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_grouped_query_decode_equals_sdpa(padded: bool) -> None:
+    """A grouped-query model (2 query heads per key head) samples through `decode_sdpa`
+    (its one-token queries packed per key head) with the log-probs of the full uncached
+    forward, with and without padding (no padding = no mask: the path transformers sends
+    to torch's slow ``enable_gqa`` kernel); training passes are untouched."""
+    from agentr1.backends.attention import NAME
+
+    model = tiny_llama(vocab_size=VOCAB, heads=4, kv_heads=2)
+    ids = torch.tensor([PROMPTS[0], PROMPTS[0][::-1]])
+    with torch.no_grad():
+        before = model(ids).logits
+    gen = HFGenerator(model)
+    assert model.config._attn_implementation == NAME
+    prompts = [PROMPTS[0], PROMPTS[2] if padded else PROMPTS[0][::-1]]
+    params = SamplingParams(max_new_tokens=6, temperature=1.0, seed=5)
+    for prompt, completion in zip(prompts, gen.generate(prompts, params), strict=True):
+        assert completion.logprobs == pytest.approx(
+            reference_logprobs(model, prompt, completion, params), abs=1e-5
+        )
+    model.train()
+    torch.testing.assert_close(model(ids).logits, before, atol=1e-6, rtol=1e-6)

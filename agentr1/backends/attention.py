@@ -1,0 +1,97 @@
+"""Attention for the ``hf`` sampler's decode passes: grouped-query heads packed per key.
+
+transformers' ``sdpa`` attention runs a one-token query of a grouped-query model
+(SmolLM2, Qwen2, Llama 3: several query heads per key/value head) through torch's
+``enable_gqa`` kernel whenever the batch needs no mask, i.e. whenever a chunk's rows have
+no padding (n samples of one prompt). On CPU that kernel is 5-7x slower than the same
+attention with each key/value head's query heads packed as G query positions of one
+head (1.4 ms against 0.2 ms a layer for 8 rows of 400 tokens in bf16; `benchmarks/
+RESULTS.md`, "Roofline"), which is what transformers itself does when the batch has a
+mask. `decode_sdpa` packs always; everything else (prompts, training, masks with a
+position bias) goes to transformers' own ``sdpa`` function unchanged.
+
+Importing the module registers it under `NAME` (with ``sdpa``'s mask function), so a model
+copied or unpickled in another process of agentr1 finds it; `use_decode_sdpa(model)`
+switches a model whose attention is ``sdpa`` to it, other implementations are left as
+they are (the name is not saved with the model's config). The switch is safe on a model the trainer shares: with gradients on, or more
+than one query position, the call is exactly ``sdpa``'s.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+NAME = "agentr1_sdpa"
+"""The attention implementation's registered name."""
+
+
+def decode_sdpa(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention-function signature; query ``[B, Hq, Q, D]``, key and value
+    ``[B, Hkv, T, D]``; returns ``([B, Q, Hq, D], None)``."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    groups = int(getattr(module, "num_key_value_groups", 1))
+    plain = (
+        query.shape[2] != 1
+        or groups == 1
+        or torch.is_grad_enabled()
+        or dropout > 0
+        or any(kwargs.get(k) is not None for k in ("position_bias", "softcap", "sinks"))
+    )
+    if plain:
+        return sdpa_attention_forward(
+            module,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=dropout,
+            scaling=scaling,
+            is_causal=is_causal,
+            **kwargs,
+        )
+    B, Hq, _, D = query.shape
+    q_BKGD = query.reshape(B, Hq // groups, groups, D)
+    # A mask shared by the heads ([B, 1, 1, T]) broadcasts over (key head, group).
+    mask = attention_mask
+    if mask is not None and mask.dim() == 4 and mask.shape[1] not in (1, Hq // groups):
+        mask = mask.reshape(B, Hq // groups, groups, mask.shape[-1])
+    out_BKGD = torch.nn.functional.scaled_dot_product_attention(
+        q_BKGD, key, value, attn_mask=mask, scale=scaling
+    )
+    return out_BKGD.reshape(B, Hq, 1, -1).transpose(1, 2).contiguous(), None
+
+
+def use_decode_sdpa(model: Any) -> bool:
+    """Switch ``model`` from ``sdpa`` to `decode_sdpa`; whether it now uses it."""
+    config = getattr(model, "config", None)
+    current = getattr(config, "_attn_implementation", None)
+    if current == NAME:
+        return True
+    if current != "sdpa" or not hasattr(model, "set_attn_implementation"):
+        return False
+    model.set_attn_implementation(NAME)
+    return getattr(model.config, "_attn_implementation", None) == NAME
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(NAME, decode_sdpa)
+    AttentionMaskInterface.register(NAME, sdpa_mask)
+
+
+_register()
