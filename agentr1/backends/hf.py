@@ -376,8 +376,8 @@ class ReservedLayer(DynamicLayer):
     """A full-attention cache layer that writes into a preallocated buffer.
 
     transformers' ``DynamicLayer`` concatenates the whole cache with each new token's keys
-    and values: a copy of every cached byte per decoded token (57% of a decode pass of the
-    demo's model at 128 rows, `benchmarks/RESULTS.md`, "Roofline"). This layer reserves
+    and values: a copy of every cached byte per decoded token (a third of a decode pass of
+    the demo's model at 128 rows, `benchmarks/RESULTS.md`, "Roofline"). This layer reserves
     ``[B, heads, reserve, head_dim]`` at its first update, writes each update in place and
     exposes ``keys`` / ``values`` as views of the filled columns, so attention reads the
     same values it would from the concatenated tensors. A write beyond the buffer grows it

@@ -8,8 +8,9 @@ once for all rows, then each row's rest against its cached keys and values
 (`backbone_hidden`), with gradients flowing through the shared part exactly as through B
 copies of it. The LM head and log-softmax then run only on the positions that matter
 (those with ``loss_mask = 1`` — the agent's tokens), in chunks of
-``chunk`` positions, each under activation checkpointing, so at most [chunk, V] float32
-logits exist at a time, forward and backward. On multi-hop episodes most tokens are tool
+``chunk`` positions, each under activation checkpointing when the pass's logits would
+exceed `CHECKPOINT_LOGITS_BYTES`, so at most [chunk, V] float32 logits exist at a time,
+forward and backward. On multi-hop episodes most tokens are tool
 responses, so this also skips most of the LM-head work.
 
 Alignment: ``logprobs_BT[:, t]`` is log p(token_t | tokens_<t), computed from the hidden
@@ -24,6 +25,12 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from agentr1.backends.hf import MIN_SHARED_PREFIX, cache_kwarg
+
+
+CHECKPOINT_LOGITS_BYTES = 64 << 20
+"""Float32 logits of a pass's selected positions beyond which the LM-head chunks run
+under activation checkpointing (SmolLM2's 49k vocabulary: ~340 positions; the demo's 2k:
+~8,000, so its passes skip the recomputation)."""
 
 
 def _head_chunk(
@@ -141,6 +148,9 @@ def token_logprobs(
     hidden_NH = hidden_BTH[idx_b, idx_t - 1]
     targets_N = input_ids_BT[idx_b, idx_t]
     inv_temp = 1.0 / temperature if temperature > 0 else 1.0
+    # Recomputing the head in the backward saves the float32 logits autograd would keep;
+    # below CHECKPOINT_LOGITS_BYTES in all that memory is not worth a second head pass.
+    checkpointed = hidden_NH.shape[0] * head.weight.shape[0] * 4 > CHECKPOINT_LOGITS_BYTES
     lps, ents = [], []
     for s in range(0, hidden_NH.shape[0], chunk):
         args = (
@@ -151,7 +161,7 @@ def token_logprobs(
             inv_temp,
             with_entropy,
         )
-        if torch.is_grad_enabled():
+        if torch.is_grad_enabled() and checkpointed:
             lp, ent = checkpoint(_head_chunk, *args, use_reentrant=False)
         else:
             lp, ent = _head_chunk(*args)

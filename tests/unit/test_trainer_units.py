@@ -408,3 +408,28 @@ def test_sorted_token_logprobs_equal_one_pass() -> None:
     hook.remove()
     assert seen == [(4, 17), (2, 30)]  # lengths 2, 5, 9, 17, then 23, 30
     torch.testing.assert_close(sorted_, one, atol=1e-5, rtol=1e-5)
+
+
+def test_head_checkpointing_changes_no_gradient(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Small passes skip recomputing the LM head in the backward; large ones (beyond
+    CHECKPOINT_LOGITS_BYTES of logits) recompute it: the same log-probs and gradients."""
+    from torch.utils import checkpoint as ckpt
+
+    from agentr1.trainer import logprobs as lpmod
+
+    model = tiny_llama(vocab_size=64, hidden=32, layers=2)
+    ids, attn, mask = shared_prefix_batch()
+    calls: list[int] = []
+    real = ckpt.checkpoint
+    monkeypatch.setattr(lpmod, "checkpoint", lambda *a, **k: calls.append(1) or real(*a, **k))
+    grads = []
+    for limit in (0, 1 << 30):  # every pass checkpointed, then none
+        monkeypatch.setattr(lpmod, "CHECKPOINT_LOGITS_BYTES", limit)
+        model.zero_grad()
+        lp, _ = token_logprobs(model, ids, attn, mask, 0.7)
+        masked_aggregate(lp, mask).backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+        calls.append(-1)
+    assert calls.index(-1) > 0 and calls[calls.index(-1) + 1 :] == [-1]
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
