@@ -311,9 +311,23 @@ def resolve_device(spec: str) -> torch.device:
     return device
 
 
+def native_bf16(device: torch.device) -> bool:
+    """Whether ``device`` computes bfloat16 matmuls natively (``compute_dtype: auto``)."""
+    if device.type == "cuda":
+        return bool(torch.cuda.is_bf16_supported())
+    if device.type != "cpu":
+        return False
+    cpu: Any = torch.cpu
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(bool(getattr(cpu, name, lambda: False)()) for name in checks)
+
+
 def train_autocast(cfg: Config, model: Any) -> contextlib.AbstractContextManager[Any]:
     """The autocast context of the training passes (``model.compute_dtype``); a no-op
-    unless it asks for bfloat16 compute on non-bfloat16 weights."""
-    enabled = cfg.model.compute_dtype == "bfloat16" and cfg.model.dtype != "bfloat16"
-    device = next(model.parameters()).device.type
-    return torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=enabled)
+    unless it asks for bfloat16 compute on non-bfloat16 weights ("auto": where the device
+    has it natively, `native_bf16`)."""
+    device = next(model.parameters()).device
+    want = cfg.model.compute_dtype
+    bf16 = want == "bfloat16" or (want == "auto" and native_bf16(device))
+    enabled = bf16 and cfg.model.dtype != "bfloat16"
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=enabled)

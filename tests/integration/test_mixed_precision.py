@@ -57,6 +57,25 @@ def test_train_autocast_runs_matmuls_in_bf16_only_when_asked() -> None:
         assert model(x).dtype == torch.float32
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_auto_compute_dtype_is_bf16_only_where_the_cpu_has_it(
+    native: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``compute_dtype: auto`` autocasts on a CPU with native bf16 (avx512_bf16 or AMX)
+    and stays float32 elsewhere, where emulated bf16 would be slower."""
+    from agentr1.trainer import setup
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    assert setup.native_bf16(torch.device("cpu")) is native
+    model = torch.nn.Linear(4, 4)
+    with train_autocast(load_config(None, ["model.compute_dtype=auto"]), model):
+        out = model(torch.randn(2, 4))
+    assert out.dtype == (torch.bfloat16 if native else torch.float32)
+    with pytest.raises(Exception, match="compute_dtype"):
+        load_config(None, ["model.compute_dtype=fp8"])
+
+
 @pytest.mark.parametrize("estimator", ["grpo", "gae"])
 def test_bf16_training_steps_update_policy_and_sampler(tmp_path: Path, estimator: str) -> None:
     extra = ["algo.kl_coef=0.01"] if estimator == "gae" else []
