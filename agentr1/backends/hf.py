@@ -372,7 +372,7 @@ class KeptCaches:
         return row
 
 
-class ReservedLayer(DynamicLayer):
+class ReservedLayer(DynamicLayer):  # type: ignore[no-untyped-call]
     """A full-attention cache layer that writes into a preallocated buffer.
 
     transformers' ``DynamicLayer`` concatenates the whole cache with each new token's keys
@@ -385,7 +385,7 @@ class ReservedLayer(DynamicLayer):
     """
 
     def __init__(self, reserve: int) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.reserve = reserve
         self._k: torch.Tensor | None = None
         self._v: torch.Tensor | None = None
@@ -403,17 +403,18 @@ class ReservedLayer(DynamicLayer):
         self._k[:, :, n : n + t] = key_states
         self._v[:, :, n : n + t] = value_states
         self._n = n + t
-        self.keys, self.values = self._k[:, :, : self._n], self._v[:, :, : self._n]
-        return self.keys, self.values
+        keys, values = self._k[:, :, : self._n], self._v[:, :, : self._n]
+        self.keys, self.values = keys, values
+        return keys, values
 
     def _grow(self, key_states: torch.Tensor, value_states: torch.Tensor, needed: int) -> None:
         B, H, _, D = key_states.shape
         cap = max(needed, self.reserve) if self._k is None else 2 * needed
         k = key_states.new_empty((B, H, cap, D))
         v = value_states.new_empty((B, H, cap, value_states.shape[-1]))
-        if self._n:
-            k[:, :, : self._n] = self.keys
-            v[:, :, : self._n] = self.values
+        if self._k is not None and self._v is not None and self._n:
+            k[:, :, : self._n] = self._k[:, :, : self._n]
+            v[:, :, : self._n] = self._v[:, :, : self._n]
         self._k, self._v = k, v
 
     def _rebuild(self, keys: torch.Tensor, values: torch.Tensor) -> None:
@@ -422,14 +423,21 @@ class ReservedLayer(DynamicLayer):
         self._n = 0
         self.update(keys, values)
 
+    def _filled(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if self._k is None or self._v is None or not self._n:
+            return None
+        return self._k[:, :, : self._n], self._v[:, :, : self._n]
+
     def batch_repeat_interleave(self, repeats: int) -> None:
-        if self._n:
-            k, v = self.keys.repeat_interleave(repeats, 0), self.values.repeat_interleave(repeats, 0)
-            self._rebuild(k, v)
+        filled = self._filled()
+        if filled is not None:
+            k, v = filled
+            self._rebuild(k.repeat_interleave(repeats, 0), v.repeat_interleave(repeats, 0))
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        if self._n:
-            self._rebuild(self.keys[indices], self.values[indices])
+        filled = self._filled()
+        if filled is not None:
+            self._rebuild(filled[0][indices], filled[1][indices])
 
     def crop(self, tokens_to_remove: int) -> None:
         super().crop(tokens_to_remove)

@@ -26,7 +26,6 @@ from torch.utils.checkpoint import checkpoint
 
 from agentr1.backends.hf import MIN_SHARED_PREFIX, cache_kwarg
 
-
 CHECKPOINT_LOGITS_BYTES = 64 << 20
 """Float32 logits of a pass's selected positions beyond which the LM-head chunks run
 under activation checkpointing (SmolLM2's 49k vocabulary: ~340 positions; the demo's 2k:
@@ -50,6 +49,37 @@ def _head_chunk(
     else:
         ent_N = torch.zeros_like(lp_N)
     return lp_N, ent_N
+
+
+def _head_logprobs(
+    hidden_NH: torch.Tensor,
+    targets_N: torch.Tensor,
+    head: torch.nn.Linear,
+    inv_temp: float,
+    with_entropy: bool,
+    chunk: int,
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The LM head and log-softmax over the selected positions, ``chunk`` at a time."""
+    # Recomputing the head in the backward saves the float32 logits autograd would keep;
+    # below CHECKPOINT_LOGITS_BYTES in all that memory is not worth a second head pass.
+    checkpointed = hidden_NH.shape[0] * head.weight.shape[0] * 4 > CHECKPOINT_LOGITS_BYTES
+    lps, ents = [], []
+    for s in range(0, hidden_NH.shape[0], chunk):
+        args = (
+            hidden_NH[s : s + chunk],
+            targets_N[s : s + chunk],
+            head.weight,
+            head.bias,
+            inv_temp,
+            with_entropy,
+        )
+        if torch.is_grad_enabled() and checkpointed:
+            lp, ent = checkpoint(_head_chunk, *args, use_reentrant=False)
+        else:
+            lp, ent = _head_chunk(*args)
+        lps.append(lp)
+        ents.append(ent)
+    return lps, ents
 
 
 def backbone_and_head(model: Any) -> tuple[Any, torch.nn.Linear]:
@@ -148,25 +178,7 @@ def token_logprobs(
     hidden_NH = hidden_BTH[idx_b, idx_t - 1]
     targets_N = input_ids_BT[idx_b, idx_t]
     inv_temp = 1.0 / temperature if temperature > 0 else 1.0
-    # Recomputing the head in the backward saves the float32 logits autograd would keep;
-    # below CHECKPOINT_LOGITS_BYTES in all that memory is not worth a second head pass.
-    checkpointed = hidden_NH.shape[0] * head.weight.shape[0] * 4 > CHECKPOINT_LOGITS_BYTES
-    lps, ents = [], []
-    for s in range(0, hidden_NH.shape[0], chunk):
-        args = (
-            hidden_NH[s : s + chunk],
-            targets_N[s : s + chunk],
-            head.weight,
-            head.bias,
-            inv_temp,
-            with_entropy,
-        )
-        if torch.is_grad_enabled() and checkpointed:
-            lp, ent = checkpoint(_head_chunk, *args, use_reentrant=False)
-        else:
-            lp, ent = _head_chunk(*args)
-        lps.append(lp)
-        ents.append(ent)
+    lps, ents = _head_logprobs(hidden_NH, targets_N, head, inv_temp, with_entropy, chunk)
     out_lp = torch.zeros(B, T, dtype=torch.float32, device=input_ids_BT.device)
     out_ent = torch.zeros(B, T, dtype=torch.float32, device=input_ids_BT.device)
     if lps:

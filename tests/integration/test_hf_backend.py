@@ -530,7 +530,9 @@ def test_generation_with_reserved_layers_equals_dynamic_caches(
     def two_turns() -> list[Completion]:
         with gen.session():
             first = gen.generate(prompts, params)
-            return gen.generate([p + c.token_ids + [20] for p, c in zip(prompts, first)], params)
+            return gen.generate(
+                [p + c.token_ids + [20] for p, c in zip(prompts, first, strict=True)], params
+            )
 
     monkeypatch.setattr(hf, "_new_cache", spy)
     ours = two_turns()
