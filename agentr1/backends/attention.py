@@ -80,18 +80,23 @@ def use_decode_sdpa(model: Any) -> bool:
     current = getattr(config, "_attn_implementation", None)
     if current == NAME:
         return True
-    if current != "sdpa" or not hasattr(model, "set_attn_implementation"):
+    if not _REGISTERED or current != "sdpa" or not hasattr(model, "set_attn_implementation"):
         return False
     model.set_attn_implementation(NAME)
     return getattr(model.config, "_attn_implementation", None) == NAME
 
 
-def _register() -> None:
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
+def _register() -> bool:
+    """Register `decode_sdpa`; False on a transformers without the attention and mask
+    interfaces (older releases), where models keep their own attention."""
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    except ImportError:
+        return False
     AttentionInterface.register(NAME, decode_sdpa)
     AttentionMaskInterface.register(NAME, sdpa_mask)
+    return True
 
 
-_register()
+_REGISTERED = _register()
