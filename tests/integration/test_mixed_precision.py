@@ -47,7 +47,7 @@ def test_train_autocast_runs_matmuls_in_bf16_only_when_asked() -> None:
     model = torch.nn.Linear(4, 4)
     x = torch.randn(2, 4)
     on = load_config(None, ["model.compute_dtype=bfloat16"])
-    off = load_config(None, [])
+    off = load_config(None, ["model.compute_dtype=float32"])
     with train_autocast(on, model):
         assert model(x).dtype == torch.bfloat16
     with train_autocast(off, model):
