@@ -10,11 +10,12 @@ RESULTS.md`, "Roofline"), which is what transformers itself does when the batch 
 mask. `decode_sdpa` packs always; everything else (prompts, training, masks with a
 position bias) goes to transformers' own ``sdpa`` function unchanged.
 
-Importing the module registers it under `NAME` (with ``sdpa``'s mask function), so a model
-copied or unpickled in another process of agentr1 finds it; `use_decode_sdpa(model)`
+Importing the module registers it under `NAME` (with ``sdpa``'s mask function), so a
+model copied or unpickled in another process of agentr1 finds it; `use_decode_sdpa(model)`
 switches a model whose attention is ``sdpa`` to it, other implementations are left as
-they are (the name is not saved with the model's config). The switch is safe on a model the trainer shares: with gradients on, or more
-than one query position, the call is exactly ``sdpa``'s.
+they are (the name is not saved with the model's config). The switch is safe on a model
+the trainer shares: with gradients on, or more than one query position, the call is
+exactly ``sdpa``'s.
 """
 
 from __future__ import annotations

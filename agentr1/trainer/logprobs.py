@@ -7,10 +7,10 @@ system prompt with the tool schema: 289 of 650-1,024 tokens per multi-hop QA epi
 once for all rows, then each row's rest against its cached keys and values
 (`backbone_hidden`), with gradients flowing through the shared part exactly as through B
 copies of it. The LM head and log-softmax then run only on the positions that matter
-(those with ``loss_mask = 1`` — the agent's tokens), in chunks of
-``chunk`` positions, each under activation checkpointing when the pass's logits would
-exceed `CHECKPOINT_LOGITS_BYTES`, so at most [chunk, V] float32 logits exist at a time,
-forward and backward. On multi-hop episodes most tokens are tool
+(those with ``loss_mask = 1`` — the agent's tokens), in chunks of ``chunk`` positions.
+When the pass's float32 logits would exceed `CHECKPOINT_LOGITS_BYTES`, each chunk runs
+under activation checkpointing, so at most [chunk, V] of them exist at a time, forward
+and backward; below it autograd keeps them. On multi-hop episodes most tokens are tool
 responses, so this also skips most of the LM-head work.
 
 Alignment: ``logprobs_BT[:, t]`` is log p(token_t | tokens_<t), computed from the hidden
