@@ -657,16 +657,16 @@ class HFGenerator:
         n = len(prompts)
         caps = caps or [params.max_new_tokens] * n
         longest = max(caps)
-        with_kept = kept is not None and any(k is not None for k in kept)
+        use_kept = kept if kept is not None and any(k is not None for k in kept) else None
         # Columns the prefill lays out (`_prefill` / `_prefill_kept`), then one per token.
-        if kept is not None and with_kept:
-            lens = [0 if k is None else len(k.tokens) for k in kept]
-            width = max(lens) + max(len(p) - c for p, c in zip(prompts, lens, strict=True))
+        if use_kept is not None:
+            lens = [0 if k is None else len(k.tokens) for k in use_kept]
+            laid_out = max(lens) + max(len(p) - c for p, c in zip(prompts, lens, strict=True))
         else:
-            width = max(len(p) for p in prompts)
-        cache = _new_cache(self.model, reserve=width + longest)
-        if kept is not None and with_kept:
-            logits_BV, mask_BT = self._prefill_kept(prompts, kept, cache)
+            laid_out = max(len(p) for p in prompts)
+        cache = _new_cache(self.model, reserve=laid_out + longest)
+        if use_kept is not None:
+            logits_BV, mask_BT = self._prefill_kept(prompts, use_kept, cache)
         else:
             logits_BV, mask_BT = self._prefill(prompts, cache)
         prefill_mask_BT = mask_BT
