@@ -544,15 +544,17 @@ def test_generation_with_reserved_layers_equals_dynamic_caches(
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-6)
 
 
+@pytest.mark.parametrize("kv_heads", [2, 4])
 @pytest.mark.parametrize("padded", [False, True])
-def test_grouped_query_decode_equals_sdpa(padded: bool) -> None:
-    """A grouped-query model (2 query heads per key head) samples through `decode_sdpa`
-    (its one-token queries packed per key head) with the log-probs of the full uncached
-    forward, with and without padding (no padding = no mask: the path transformers sends
-    to torch's slow ``enable_gqa`` kernel); training passes are untouched."""
+def test_grouped_query_decode_equals_sdpa(padded: bool, kv_heads: int) -> None:
+    """A grouped-query model (2 query heads per key head) and a plain multi-head one sample
+    through `decode_sdpa` (one-token queries packed per key head, two matmuls) with the
+    log-probs of the full uncached forward, with and without padding (no padding = no
+    mask: the path transformers sends to torch's slow ``enable_gqa`` kernel); training
+    passes are untouched."""
     from agentr1.backends.attention import NAME
 
-    model = tiny_llama(vocab_size=VOCAB, heads=4, kv_heads=2)
+    model = tiny_llama(vocab_size=VOCAB, heads=4, kv_heads=kv_heads)
     ids = torch.tensor([PROMPTS[0], PROMPTS[0][::-1]])
     with torch.no_grad():
         before = model(ids).logits
