@@ -42,7 +42,7 @@ from agentr1 import lora
 from agentr1.config import AlgoConfig, Config, OptimConfig
 from agentr1.distributed.cluster import actor_options, connect, ray_cause, threads
 from agentr1.distributed.dp import CollectiveError, DataParallel, broadcast_flat, collective
-from agentr1.trainer.setup import train_autocast
+from agentr1.trainer.setup import enable_activation_checkpointing, train_autocast
 from agentr1.trainer.update import Learner, UpdateBatch, rl_update
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,8 @@ def load_learner_states(learner: Learner, states: dict[str, Any]) -> None:
 def build_replica(cfg: Config, model_config: Any, device: torch.device) -> Learner:
     """A trainer rank's `Learner`: the policy's architecture from its transformers config
     (no weights read from disk: rank 0 sends them), in ``model.dtype``, with the same
-    LoRA adapters, then `agentr1.trainer.state.make_learner` as rank 0's."""
+    LoRA adapters and activation checkpointing, then `agentr1.trainer.state.make_learner`
+    as rank 0's."""
     from transformers import AutoModelForCausalLM
 
     from agentr1.trainer.state import make_learner
@@ -116,6 +117,8 @@ def build_replica(cfg: Config, model_config: Any, device: torch.device) -> Learn
     if cfg.model.lora.rank:
         lc = cfg.model.lora
         lora.apply_lora(policy, lc.rank, lc.alpha, lc.targets, lc.share_input)
+    if cfg.optim.activation_checkpointing:
+        enable_activation_checkpointing(policy)
     return make_learner(cfg, policy)
 
 

@@ -61,3 +61,13 @@ def test_a_model_without_gradient_checkpointing_is_a_config_error() -> None:
     model = SimpleNamespace(supports_gradient_checkpointing=False)
     with pytest.raises(configutil.ConfigError, match=r"optim\.activation_checkpointing"):
         enable_activation_checkpointing(model)
+
+
+def test_a_trainer_ranks_replica_checkpoints_as_rank_0_does() -> None:
+    from agentr1.distributed.ranks import build_replica
+
+    cfg = load_config(None, ["optim.activation_checkpointing=true"])
+    learner = build_replica(cfg, tiny_llama().config, torch.device("cpu"))
+    assert checkpointing(learner.policy)
+    plain = build_replica(load_config(None, []), tiny_llama().config, torch.device("cpu"))
+    assert not checkpointing(plain.policy)
