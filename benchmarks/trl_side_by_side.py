@@ -318,8 +318,10 @@ def timed(trainer: Any, name: str, into: dict[str, float], key: str, count: bool
 
 def worker(setting: str, model: str, steps: int, overrides: list[str]) -> None:
     """Run one setting in this process and print its result as the last line (JSON)."""
-    run = run_trl if setting.startswith("trl") else run_agentr1
-    out = run(model, steps, overrides) if run is run_trl else run(setting, model, steps, overrides)
+    if setting.startswith("trl"):
+        out = run_trl(model, steps, overrides)
+    else:
+        out = run_agentr1(setting, model, steps, overrides)
     print("RESULT " + json.dumps({"setting": setting, **out}), flush=True)
 
 
