@@ -23,8 +23,13 @@ How a batch is generated (``HFGenerator.generate``):
    cache's full-attention layers are `ReservedLayer`s: each reserves the chunk's widest
    row plus its longest cap at the start and writes every token in place, where
    transformers' ``DynamicLayer`` copies the whole cache once per token.
-   Rows that have finished are fed the pad token and their outputs are frozen; the loop
-   ends when every row has finished. Everything runs under ``torch.inference_mode()``
+   Rows that have finished are fed the pad token and their outputs are frozen; once at
+   most half of the decode batch is still live (and at least ``MIN_COMPACT_ROWS`` rows
+   have finished), the finished rows leave it: the cache, mask, positions and row
+   streams keep the live rows only, so the long tail of a batch whose rows stop at
+   different lengths runs at the width of its live rows, not of the chunk
+   (``compact=False`` keeps every row to the end). The loop ends when every row has
+   finished. Everything runs under ``torch.inference_mode()``
    with the model in eval mode (its previous mode is restored afterwards).
 4. **Kept caches across calls** (``with generator.session(): ...``; the rollout opens one
    per rollout): every row's KV cache is kept after its call, trimmed to its real tokens
@@ -83,6 +88,10 @@ from transformers.cache_utils import DynamicLayer
 
 from agentr1.backends.attention import use_decode_sdpa
 from agentr1.backends.base import Completion, SamplingParams
+
+MIN_COMPACT_ROWS = 2
+"""Fewer finished rows are fed padding to the end of the call: dropping them from the
+decode batch copies the live rows' cache, not worth it for one row."""
 
 MIN_SHARED_PREFIX = 32
 """Shorter common prompt prefixes are prefilled per row: a second forward call is not
@@ -208,15 +217,48 @@ class RowStreams:
         self.t += 1
         return (_shr(z, 40).to(torch.float32) * 2.0**-24)[:, None]
 
+    def select(self, idx: torch.Tensor) -> RowStreams:
+        """The streams of rows ``idx`` only, at the same draw (a batch dropping rows)."""
+        kept = RowStreams([], self.keys_B.device)
+        kept.keys_B, kept.t = self.keys_B[idx], self.t
+        return kept
 
-RowRng = torch.Generator | RowStreams | None
+
+@dataclass
+class SharedRows:
+    """The call's one generator (or torch's global one) seen by some rows of a chunk: each
+    step still draws one uniform for every row of the whole chunk and hands the rows
+    theirs, so dropping finished rows from the batch changes no row's draws."""
+
+    generator: torch.Generator | None
+    chunk_rows: int
+    at_B: torch.Tensor
+    """The chunk's rows still in the batch."""
+
+    def draw(self) -> torch.Tensor:
+        u = torch.rand((self.chunk_rows, 1), generator=self.generator, device=self.at_B.device)
+        return u[self.at_B]
+
+    def select(self, idx: torch.Tensor) -> SharedRows:
+        return SharedRows(self.generator, self.chunk_rows, self.at_B[idx])
+
+
+RowRng = torch.Generator | RowStreams | SharedRows | None
 """One generator for the whole call, one stream per row (``SamplingParams.row_seeds``),
-or none."""
+either of them for the rows left in a batch, or none."""
+
+
+def _select_rows(rng: RowRng, at_B: torch.Tensor, chunk_rows: int) -> RowRng:
+    """The draws of the batch's rows ``at_B`` (positions in the current batch), the same
+    as they would have had in the whole batch."""
+    if isinstance(rng, (RowStreams, SharedRows)):
+        return rng.select(at_B)
+    return SharedRows(rng, chunk_rows, at_B)
 
 
 def _uniform_B1(rng: RowRng, n: int, device: torch.device) -> torch.Tensor:
     """One uniform draw per row. [B, 1]"""
-    if isinstance(rng, RowStreams):
+    if isinstance(rng, (RowStreams, SharedRows)):
         return rng.draw().to(device)
     return torch.rand((n, 1), generator=rng, device=device)
 
@@ -477,6 +519,8 @@ class HFGenerator:
         share_prefix: prefill a prefix common to a chunk's prompts once (module docstring).
         keep_cache_bytes: most bytes of KV cache a session keeps between calls (module
             docstring, 4); 0 keeps none.
+        compact: drop finished rows from the decode batch once half of it has finished
+            (module docstring, 3); the same tokens and log-probs either way.
     """
 
     def __init__(
@@ -486,6 +530,7 @@ class HFGenerator:
         batch_size: int | None = None,
         share_prefix: bool = True,
         keep_cache_bytes: int = 2 << 30,
+        compact: bool = True,
     ) -> None:
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
@@ -497,6 +542,7 @@ class HFGenerator:
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.share_prefix = share_prefix
+        self.compact = compact
         self.last_stats = GenerationStats()
         self.weight_version = 0
         """How many updates behind the weights sampling now (set by whoever syncs them)."""
@@ -676,15 +722,15 @@ class HFGenerator:
         full_mask_BT[:, :width] = mask_BT
         next_pos_B1 = mask_BT.sum(dim=-1, keepdim=True)  # position of the next token per row
         stop_ids = set(params.stop_token_ids)
+        can_compact = self.compact and cache_layers_kv(cache) is not None
 
         tokens: list[list[int]] = [[] for _ in range(n)]
         logprobs: list[list[float]] = [[] for _ in range(n)]
         finish: list[Literal["stop", "length"] | None] = [None] * n
+        live = list(range(n))  # the chunk's row at each position of the decode batch
         for step in range(longest):
             tokens_B, logprobs_B = sample_next(logits_BV, params, rng)
-            for row, (tok, lp) in enumerate(
-                zip(tokens_B.tolist(), logprobs_B.tolist(), strict=True)
-            ):
+            for row, tok, lp in zip(live, tokens_B.tolist(), logprobs_B.tolist(), strict=True):
                 if finish[row] is not None:
                     continue  # frozen: this row was fed padding
                 tokens[row].append(tok)
@@ -695,14 +741,26 @@ class HFGenerator:
                     finish[row] = "length"
             if all(f is not None for f in finish) or step == longest - 1:
                 break
-            done_B = torch.tensor([f is not None for f in finish], device=device)
+            done = [finish[row] is not None for row in live]
+            if can_compact and sum(done) >= max(MIN_COMPACT_ROWS, len(live) / 2):
+                at_B = torch.tensor([i for i, d in enumerate(done) if not d], device=device)
+                if self.kept is not None:  # the leaving rows' caches, before they go
+                    gone = [(i, row) for i, row in enumerate(live) if done[i]]
+                    self._keep_rows(gone, prompts, tokens, prefill_mask_BT, cache)
+                cache.batch_select_indices(at_B)
+                full_mask_BT, prefill_mask_BT = full_mask_BT[at_B], prefill_mask_BT[at_B]
+                next_pos_B1, tokens_B = next_pos_B1[at_B], tokens_B[at_B]
+                rng = _select_rows(rng, at_B, n)
+                live = [row for row, d in zip(live, done, strict=True) if not d]
+                done = [False] * len(live)
+            done_B = torch.tensor(done, device=device)
             feed_B1 = torch.where(done_B, self.pad_id, tokens_B)[:, None]
             mask_BT = full_mask_BT[:, : width + step + 1]
             logits_BV = self._forward(feed_B1, mask_BT, next_pos_B1, cache)
             next_pos_B1 = next_pos_B1 + 1
 
         if self.kept is not None:
-            self._keep_rows(prompts, tokens, prefill_mask_BT, cache)
+            self._keep_rows(list(enumerate(live)), prompts, tokens, prefill_mask_BT, cache)
         return [
             Completion(
                 token_ids=tokens[row],
@@ -766,28 +824,30 @@ class HFGenerator:
 
     def _keep_rows(
         self,
+        rows: list[tuple[int, int]],
         prompts: list[list[int]],
         tokens: list[list[int]],
         prefill_mask_BT: torch.Tensor,
         cache: DynamicCache,
     ) -> None:
-        """Keep each row's cache for the session: its real prefill columns, then the decode
-        columns of its generated tokens except the last (sampled, never fed)."""
+        """Keep rows' caches for the session, ``rows`` as (position in the decode batch,
+        row of the chunk): a row's real prefill columns, then the decode columns of its
+        generated tokens except the last (sampled, never fed)."""
         assert self.kept is not None
         layers_kv = cache_layers_kv(cache)
         if layers_kv is None or self.keep_cache_bytes == 0:
             return
         width = prefill_mask_BT.shape[1]
-        for row, (prompt, new) in enumerate(zip(prompts, tokens, strict=True)):
-            fed = new[:-1]
+        for at, row in rows:
+            fed = tokens[row][:-1]
             cols_L = torch.cat(
                 [
-                    prefill_mask_BT[row].nonzero().squeeze(-1),
+                    prefill_mask_BT[at].nonzero().squeeze(-1),
                     torch.arange(width, width + len(fed), device=prefill_mask_BT.device),
                 ]
             )
-            kv = [(k[row][:, cols_L], v[row][:, cols_L]) for k, v in layers_kv]
-            self.kept.put(KeptRow(prompt + fed, kv))
+            kv = [(k[at][:, cols_L], v[at][:, cols_L]) for k, v in layers_kv]
+            self.kept.put(KeptRow(prompts[row] + fed, kv))
 
     def _is_stop(self, row_tokens: list[int], params: SamplingParams, stop_ids: set[int]) -> bool:
         """Whether the newest token of a row ends it (stop token, or completes a stop string)."""

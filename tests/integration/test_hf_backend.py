@@ -477,6 +477,56 @@ def test_row_caps_apply_inside_one_batched_call(gen: HFGenerator) -> None:
         gen.generate(PROMPTS, SamplingParams(max_new_tokens=4, row_max_new_tokens=(4, 1)))
 
 
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(max_new_tokens=12, temperature=0.0),
+        SamplingParams(max_new_tokens=12, temperature=1.0, top_p=0.9, seed=5),
+        SamplingParams(max_new_tokens=12, temperature=1.0, row_seeds=tuple(range(40, 48))),
+    ],
+    ids=["greedy", "seed", "row_seeds"],
+)
+def test_finished_rows_leave_the_decode_batch_and_change_nothing(
+    model: LlamaForCausalLM, params: SamplingParams, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows that stop early leave the batch once half of it has finished: later decode
+    passes run on the live rows only, and every row's tokens, log-probs, finish reasons
+    and kept cache (the next turn's prefill) are those of a batch that keeps every row."""
+    import agentr1.backends.hf as hf
+
+    widths: list[int] = []
+    forward = hf.HFGenerator._forward
+
+    def spy(self: HFGenerator, ids_BT: torch.Tensor, *args: object) -> torch.Tensor:
+        widths.append(ids_BT.shape[0])
+        return forward(self, ids_BT, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(hf.HFGenerator, "_forward", spy)
+    prompts = [*PROMPTS, *([7, *p] for p in PROMPTS)]
+    params = replace(params, row_max_new_tokens=(12, 2, 3, 4, 2, 12, 5, 3), stop_token_ids=(9,))
+
+    def two_turns(gen: HFGenerator) -> tuple[list[Completion], list[Completion], list[int]]:
+        with gen.session():
+            first = gen.generate(prompts, params)
+            kept = [gen.last_stats.kept_tokens]
+            nxt = [p + c.token_ids + [20, 21] for p, c in zip(prompts, first, strict=True)]
+            second = gen.generate(nxt, params)
+            return first, second, [*kept, gen.last_stats.kept_tokens]
+
+    widths.clear()
+    ours = two_turns(HFGenerator(model))
+    compacted = widths[:]
+    widths.clear()
+    theirs = two_turns(HFGenerator(model, compact=False))
+    assert set(widths) == {8}  # prefill and every decode pass at the chunk's width
+    assert compacted[0] == 8 and min(compacted) < 4 and len(compacted) == len(widths)
+    assert ours[2] == theirs[2] and ours[2][1] > 0  # the second call reused every kept row
+    for turn_ours, turn_theirs in zip(ours[:2], theirs[:2], strict=True):
+        for a, b in zip(turn_ours, turn_theirs, strict=True):
+            assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
+            assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+
+
 def test_reserved_layer_writes_in_place_and_equals_the_dynamic_layer() -> None:
     """The decode cache's layer keeps one buffer while it fits (no copy of the cache per
     token), shows exactly the concatenated keys and values, grows once when it does not
