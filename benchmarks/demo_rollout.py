@@ -35,27 +35,26 @@ RECIPE = "recipes/demo.yaml"
 
 class PassLog:
     """Rows fed and rows live of every decode pass of an `HFGenerator` (a spy on its
-    forward: a decode pass feeds one token a row, a finished row the pad id)."""
+    decode step: one token a row, a finished row fed the pad id)."""
 
     def __init__(self) -> None:
         self.fed = self.live = self.passes = 0
-        self._forward = hf.HFGenerator._forward
+        self._step = hf.HFGenerator._decode_step
 
     def __enter__(self) -> PassLog:
-        log, forward = self, self._forward
+        log, step = self, self._step
 
-        def spy(gen: hf.HFGenerator, ids_BT: torch.Tensor, *args: Any) -> torch.Tensor:
-            if ids_BT.shape[1] == 1:
-                log.passes += 1
-                log.fed += ids_BT.shape[0]
-                log.live += int((ids_BT[:, 0] != gen.pad_id).sum())
-            return forward(gen, ids_BT, *args)
+        def spy(gen: hf.HFGenerator, feed_B1: torch.Tensor, *args: Any) -> torch.Tensor:
+            log.passes += 1
+            log.fed += feed_B1.shape[0]
+            log.live += int((feed_B1[:, 0] != gen.pad_id).sum())
+            return step(gen, feed_B1, *args)
 
-        hf.HFGenerator._forward = spy  # type: ignore[method-assign]
+        hf.HFGenerator._decode_step = spy  # type: ignore[method-assign]
         return self
 
     def __exit__(self, *exc: object) -> None:
-        hf.HFGenerator._forward = self._forward  # type: ignore[method-assign]
+        hf.HFGenerator._decode_step = self._step  # type: ignore[method-assign]
 
 
 def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:

@@ -22,7 +22,11 @@ How a batch is generated (``HFGenerator.generate``):
    position of each row, extends the mask by a column of ones, and reuses the cache. The
    cache's full-attention layers are `ReservedLayer`s: each reserves the chunk's widest
    row plus its longest cap at the start and writes every token in place, where
-   transformers' ``DynamicLayer`` copies the whole cache once per token.
+   transformers' ``DynamicLayer`` copies the whole cache once per token. A Llama or
+   Qwen2 model decodes through `DecodePass` (``agentr1/backends/decode.py``), its
+   forward written out, attending over the whole reserved buffer with the unwritten
+   columns masked (a slice of it made torch's bf16 ``bmm`` copy every layer's cache per
+   token); other models, and models with forward hooks (LoRA), take transformers'.
    Rows that have finished are fed the pad token and their outputs are frozen; once at
    most half of the decode batch is still live (and at least ``MIN_COMPACT_ROWS`` rows
    have finished), the finished rows leave it: the cache, mask, positions and row
@@ -88,6 +92,7 @@ from transformers.cache_utils import DynamicLayer
 
 from agentr1.backends.attention import use_decode_sdpa
 from agentr1.backends.base import Completion, SamplingParams
+from agentr1.backends.decode import DecodePass
 
 MIN_COMPACT_ROWS = 2
 """Fewer finished rows are fed padding to the end of the call: dropping them from the
@@ -449,11 +454,23 @@ class ReservedLayer(DynamicLayer):  # type: ignore[no-untyped-call]
         self.keys, self.values = keys, values
         return keys, values
 
+    def append(
+        self, key_states: torch.Tensor, value_states: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`update`, returning the whole buffers ``[B, heads, reserved, head_dim]``; the
+        columns past the filled ones hold finite values (zeros, or what a crop left), for
+        a decode pass that attends over all of them with those masked
+        (`agentr1.backends.decode`)."""
+        self.update(key_states, value_states)
+        assert self._k is not None and self._v is not None
+        return self._k, self._v
+
     def _grow(self, key_states: torch.Tensor, value_states: torch.Tensor, needed: int) -> None:
         B, H, _, D = key_states.shape
         cap = max(needed, self.reserve) if self._k is None else 2 * needed
-        k = key_states.new_empty((B, H, cap, D))
-        v = value_states.new_empty((B, H, cap, value_states.shape[-1]))
+        # Zeros, not empty memory: `append`'s callers read the unwritten columns (masked).
+        k = key_states.new_zeros((B, H, cap, D))
+        v = value_states.new_zeros((B, H, cap, value_states.shape[-1]))
         if self._k is not None and self._v is not None and self._n:
             k[:, :, : self._n] = self._k[:, :, : self._n]
             v[:, :, : self._n] = self._v[:, :, : self._n]
@@ -521,6 +538,9 @@ class HFGenerator:
             docstring, 4); 0 keeps none.
         compact: drop finished rows from the decode batch once half of it has finished
             (module docstring, 3); the same tokens and log-probs either way.
+        fast_decode: run decode steps of a Llama or Qwen2 model as `DecodePass` (its own
+            written-out forward, `agentr1.backends.decode`) instead of transformers'
+            forward; other models always take transformers'.
     """
 
     def __init__(
@@ -531,6 +551,7 @@ class HFGenerator:
         share_prefix: bool = True,
         keep_cache_bytes: int = 2 << 30,
         compact: bool = True,
+        fast_decode: bool = True,
     ) -> None:
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
@@ -543,6 +564,7 @@ class HFGenerator:
         self.batch_size = batch_size
         self.share_prefix = share_prefix
         self.compact = compact
+        self.fast_decode = fast_decode
         self.last_stats = GenerationStats()
         self.weight_version = 0
         """How many updates behind the weights sampling now (set by whoever syncs them)."""
@@ -723,6 +745,7 @@ class HFGenerator:
         next_pos_B1 = mask_BT.sum(dim=-1, keepdim=True)  # position of the next token per row
         stop_ids = set(params.stop_token_ids)
         can_compact = self.compact and cache_layers_kv(cache) is not None
+        decode = self._decode_pass(cache)
 
         tokens: list[list[int]] = [[] for _ in range(n)]
         logprobs: list[list[float]] = [[] for _ in range(n)]
@@ -756,7 +779,7 @@ class HFGenerator:
             done_B = torch.tensor(done, device=device)
             feed_B1 = torch.where(done_B, self.pad_id, tokens_B)[:, None]
             mask_BT = full_mask_BT[:, : width + step + 1]
-            logits_BV = self._forward(feed_B1, mask_BT, next_pos_B1, cache)
+            logits_BV = self._decode_step(feed_B1, mask_BT, next_pos_B1, cache, decode)
             next_pos_B1 = next_pos_B1 + 1
 
         if self.kept is not None:
@@ -773,6 +796,29 @@ class HFGenerator:
             )
             for row in range(n)
         ]
+
+    def _decode_step(
+        self,
+        feed_B1: torch.Tensor,
+        mask_BT: torch.Tensor,
+        position_ids_B1: torch.Tensor,
+        cache: DynamicCache,
+        decode: DecodePass | None,
+    ) -> torch.Tensor:
+        """One decode pass (one token a row): ``decode`` when there is one, else
+        transformers' forward; float32 logits ``[B, V]``."""
+        if decode is None:
+            return self._forward(feed_B1, mask_BT, position_ids_B1, cache)
+        self.last_stats.forward_passes += 1
+        return decode(feed_B1, mask_BT, position_ids_B1, cache.layers)
+
+    def _decode_pass(self, cache: DynamicCache) -> DecodePass | None:
+        """The written-out decode pass for this call, when it is on, the model qualifies
+        and every cache layer is a `ReservedLayer` (None: transformers' forward)."""
+        layers = getattr(cache, "layers", None)
+        if not self.fast_decode or not layers or any(type(x) is not ReservedLayer for x in layers):
+            return None
+        return DecodePass.of(self.model)
 
     def _prefill(
         self, prompts: list[list[int]], cache: DynamicCache

@@ -1,0 +1,114 @@
+"""The `hf` sampler's decode pass, written out (`agentr1.backends.decode.DecodePass`) or
+through transformers' forward, side by side in one process.
+
+Alternates the two settings of `HFGenerator(fast_decode=...)` over ``--rounds`` rounds on
+the same padded chunk of prompts (``--rows`` rows of about ``--context`` tokens, each
+row's length a little different) and reports the median milliseconds a decode pass
+(a call of ``--new`` + 1 tokens minus a call of 1, over ``--new``), against the pass's
+bandwidth floor (every weight and the KV cache read once at ``--copy-gbs``).
+
+    .venv/bin/python benchmarks/decode_pass.py                     # SmolLM2-135M's shape, bf16, 8 rows
+    .venv/bin/python benchmarks/decode_pass.py --model runs/demo/final_model --dtype float32 \\
+        --rows 128 --context 100 --new 48                          # the demo's model
+
+Without ``--model`` the model is a randomly initialised Llama of SmolLM2-135M's
+configuration (the same shapes and so the same time; no download).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from agentr1.backends.base import SamplingParams
+from agentr1.backends.hf import HFGenerator
+
+
+def smollm2_shaped() -> Any:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        vocab_size=49152,
+        max_position_embeddings=2048,
+        rope_theta=100000.0,
+        tie_word_embeddings=True,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return LlamaForCausalLM(config).eval()
+
+
+def floor_ms(model: Any, rows: int, keys: float, size: int, copy_gbs: float) -> float:
+    c = model.config
+    weights = sum(p.numel() for p in model.parameters()) * size
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    kv = 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim * size * rows * keys
+    return (weights + kv) / (copy_gbs * 1e9) * 1e3
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--model", default=None, help="a model directory (default: SmolLM2's shape)")
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    ap.add_argument("--rows", type=int, default=8)
+    ap.add_argument("--context", type=int, default=370)
+    ap.add_argument("--new", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--copy-gbs", type=float, default=37.0, help="the machine's copy rate")
+    args = ap.parse_args(argv)
+    dtype = getattr(torch, args.dtype)
+    if args.model is None:
+        model = smollm2_shaped().to(dtype)
+    else:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).eval()
+    g = torch.Generator().manual_seed(0)
+    vocab = model.config.vocab_size
+    prompts = [
+        torch.randint(3, vocab, (args.context - i % 4,), generator=g).tolist()
+        for i in range(args.rows)
+    ]
+    gens = {
+        "written out": HFGenerator(model),
+        "transformers": HFGenerator(model, fast_decode=False),
+    }
+    runs: dict[str, list[float]] = {name: [] for name in gens}
+    outs: dict[str, list[list[int]]] = {}
+    for _ in range(args.rounds):
+        for name, gen in gens.items():
+
+            def call(new: int, gen: HFGenerator = gen) -> tuple[float, list[list[int]]]:
+                t0 = time.perf_counter()
+                done = gen.generate(prompts, SamplingParams(max_new_tokens=new, temperature=0.0))
+                return time.perf_counter() - t0, [c.token_ids for c in done]
+
+            t_one, _ = call(1)
+            t_all, outs[name] = call(args.new + 1)
+            runs[name].append((t_all - t_one) / args.new * 1e3)
+    size = torch.finfo(dtype).bits // 8
+    floor = floor_ms(model, args.rows, args.context + args.new / 2, size, args.copy_gbs)
+    result = {name: statistics.median(ms) for name, ms in runs.items()}
+    for name, ms in result.items():
+        print(
+            f"{name:>12}: {ms:.2f} ms a pass (rounds {min(runs[name]):.2f}-"
+            f"{max(runs[name]):.2f}), floor {floor:.2f} ms: {floor / ms:.0%} of it"
+        )
+    same = outs["written out"] == outs["transformers"]
+    print(f"greedy tokens {'identical' if same else 'DIFFER'} between the two")
+    result["floor_ms"] = floor
+    result["identical"] = float(same)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""`DecodePass` (agentr1/backends/decode.py) against transformers' forward: the same
+tokens and log-probs through the `hf` generator (padding, kept caches, compaction), on
+Llama (with and without grouped-query heads) and Qwen2 (q/k/v biases); models it does
+not write out keep the module path."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from agentr1 import lora
+from agentr1.backends import decode, hf
+from agentr1.backends.base import Completion, SamplingParams
+from agentr1.backends.hf import HFGenerator
+from tests.tiny_models import tiny_llama
+
+VOCAB = 64
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12], [13, 14, 15, 16], [30, 31, 32, 33, 34, 35, 36, 37, 38]]
+
+
+def tiny_qwen2(sliding: bool = False) -> Qwen2ForCausalLM:
+    config = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        initializer_range=0.5,
+        use_sliding_window=sliding,
+        sliding_window=8 if sliding else None,
+        tie_word_embeddings=False,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(3)
+        model = Qwen2ForCausalLM(config)
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):  # Qwen2 initialises its q/k/v biases at zero
+                torch.nn.init.normal_(p, std=0.5)
+    return model.eval()
+
+
+MODELS = {
+    "llama": lambda: tiny_llama(vocab_size=VOCAB),
+    "llama-gqa": lambda: tiny_llama(vocab_size=VOCAB, kv_heads=2),
+    "qwen2": tiny_qwen2,
+}
+
+
+def count_passes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Rows of every `DecodePass` call from here on."""
+    calls: list[int] = []
+    run = decode.DecodePass.__call__
+
+    def spy(self: decode.DecodePass, tokens_B1: torch.Tensor, *args: Any) -> torch.Tensor:
+        calls.append(tokens_B1.shape[0])
+        return run(self, tokens_B1, *args)
+
+    monkeypatch.setattr(decode.DecodePass, "__call__", spy)
+    return calls
+
+
+def two_turns(gen: HFGenerator, params: SamplingParams) -> list[Completion]:
+    """A session's two calls, the second extending every first turn (kept caches)."""
+    with gen.session():
+        first = gen.generate(PROMPTS, params)
+        nxt = [p + c.token_ids + [20, 21] for p, c in zip(PROMPTS, first, strict=True)]
+        return first + gen.generate(nxt, params)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(max_new_tokens=10, temperature=0.0),
+        SamplingParams(max_new_tokens=10, temperature=1.0, top_p=0.9, seed=4),
+        SamplingParams(max_new_tokens=10, temperature=1.0, row_seeds=(1, 2, 3, 4)),
+    ],
+    ids=["greedy", "seed", "row_seeds"],
+)
+def test_the_written_out_pass_samples_what_transformers_forward_does(
+    name: str, params: SamplingParams, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = MODELS[name]()
+    params = SamplingParams(
+        max_new_tokens=params.max_new_tokens,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        seed=params.seed,
+        row_seeds=params.row_seeds,
+        stop_token_ids=(9,),
+        row_max_new_tokens=(10, 3, 6, 2),  # rows finish apart: the batch compacts
+    )
+    calls = count_passes(monkeypatch)
+    ours = two_turns(HFGenerator(model), params)
+    assert calls and min(calls) < len(PROMPTS)  # the pass ran, on compacted batches too
+    calls.clear()
+    theirs = two_turns(HFGenerator(model, fast_decode=False), params)
+    assert not calls
+    for a, b in zip(ours, theirs, strict=True):
+        assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_one_bf16_step_agrees_and_reads_the_weights_as_they_are_now(name: str) -> None:
+    """In bf16 the logits of one decode step agree with the module path's to bf16
+    rounding; after an in-place weight change (a trainer's update) both see it."""
+    model = MODELS[name]().to(torch.bfloat16)
+    gen = HFGenerator(model)
+    pass_ = decode.DecodePass.of(model)
+    assert pass_ is not None
+
+    def step(fast: bool) -> torch.Tensor:
+        cache = hf._new_cache(model, reserve=16)
+        ids, mask, pos = hf.left_pad(PROMPTS, 0, torch.device("cpu"))
+        with torch.inference_mode():
+            gen._forward(ids, mask, pos, cache)
+            feed = torch.tensor([[3], [4], [5], [6]])
+            mask = torch.cat([mask, torch.ones(4, 1, dtype=mask.dtype)], dim=1)
+            nxt = mask.sum(-1, keepdim=True) - 1
+            if fast:
+                return pass_(feed, mask, nxt, cache.layers)
+            return gen._forward(feed, mask, nxt, cache)
+
+    for _ in range(2):
+        ours, theirs = step(True), step(False)
+        scale = theirs.abs().max()
+        assert (ours - theirs).abs().max() <= 0.02 * scale
+        with torch.no_grad():
+            model.get_output_embeddings().weight.mul_(-1.0)  # both must see the change
+
+
+def test_models_it_does_not_write_out_keep_transformers_forward() -> None:
+    assert decode.DecodePass.of(tiny_llama(vocab_size=VOCAB)) is not None
+    adapted = tiny_llama(vocab_size=VOCAB)
+    lora.apply_lora(adapted, rank=2, alpha=4.0)  # adapters are forward hooks
+    assert decode.DecodePass.of(adapted) is None
+    assert decode.DecodePass.of(tiny_qwen2(sliding=True)) is None
+    gelu = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            hidden_act="gelu",
+        )
+    )
+    assert decode.DecodePass.of(gelu) is None
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        prompts = [[5, 6, 7]]
+        params = SamplingParams(max_new_tokens=4, temperature=0.0)
+        assert HFGenerator(adapted).generate(prompts, params)[0].token_ids  # still samples
