@@ -1,11 +1,13 @@
-"""The demo's rollouts with and without dropping finished rows from the decode batch.
+"""The demo's rollouts with the `hf` sampler's decode settings on and off.
 
 Runs the demo recipe's own rollout (`recipes/demo.yaml`: 16 questions x 8 samples, up to
-5 turns of 48 tokens, the step's seeds) from a trained model, alternating the `hf`
-generator's ``compact`` setting in one process, so both settings sample the same episodes
-(row seeds: the draws do not depend on the batch) on the same machine state. Reports per
-setting the median rollout seconds, decode passes, and the decode batch's row-slots (rows
-fed per pass, summed) against the rows still live in them.
+5 turns of 48 tokens, the step's seeds) from a trained model, alternating in one process
+three settings of the `hf` generator: the default (finished rows leave the decode batch,
+``compact``; decode steps through the written-out `DecodePass`, ``fast_decode``), the
+default with transformers' forward for decode steps, and neither. Every setting samples
+the same episodes (row seeds: the draws do not depend on the batch) on the same machine
+state. Reports per setting the median rollout seconds, decode passes, and the decode
+batch's row-slots (rows fed per pass, summed) against the rows still live in them.
 
     .venv/bin/agentr1 train recipes/demo.yaml train.steps=0 train.run_dir=runs/demo_sft
     .venv/bin/python benchmarks/demo_rollout.py --model runs/demo_sft/final_model
@@ -71,10 +73,15 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     assert isinstance(gen, hf.HFGenerator), "the demo samples with the hf backend"
     tasks = [state.sampler.sample(cfg.train.tasks_per_step) for _ in range(args.steps)]
     setup.policy.eval()
-    rows: dict[str, list[dict[str, float]]] = {"compact": [], "keep every row": []}
+    settings = {  # name: (compact, fast_decode)
+        "default": (True, True),
+        "transformers' forward": (True, False),
+        "neither": (False, False),
+    }
+    rows: dict[str, list[dict[str, float]]] = {name: [] for name in settings}
     for _ in range(args.rounds):
-        for name in rows:
-            gen.compact = name == "compact"
+        for name, (compact, fast) in settings.items():
+            gen.compact, gen.fast_decode = compact, fast
             for step, step_tasks in enumerate(tasks):
                 stats = RolloutStats()
                 with PassLog() as log:
@@ -95,7 +102,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
         med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
         out[name] = med
         print(
-            f"{name:>15}: rollout {med['rollout_s']:.3f} s (generate {med['generate_s']:.3f}),"
+            f"{name:>21}: rollout {med['rollout_s']:.3f} s (generate {med['generate_s']:.3f}),"
             f" {med['passes']:.0f} decode passes, {med['row_slots']:.0f} row-slots for"
             f" {med['live']:.0f} live ({med['live'] / med['row_slots']:.0%}),"
             f" {med['tokens']:.0f} tokens"
