@@ -57,6 +57,26 @@ def test_train_autocast_runs_matmuls_in_bf16_only_when_asked() -> None:
         assert model(x).dtype == torch.float32
 
 
+def test_the_lm_head_runs_in_the_weights_dtype_under_autocast() -> None:
+    """Autocast runs the backbone in bf16; the LM head and its log-softmax stay in the
+    weights' float32 (bf16 logits flattened a GRPO run's learning: see
+    ``ModelConfig.compute_dtype``)."""
+    from agentr1.trainer.logprobs import _head_chunk
+
+    g = torch.Generator().manual_seed(0)
+    hidden = (3 * torch.randn(6, 16, generator=g)).to(torch.bfloat16)  # a bf16 backbone's
+    weight = torch.randn(50, 16, generator=g)
+    targets = torch.randint(0, 50, (6,), generator=g)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        lp, ent = _head_chunk(hidden, targets, weight, None, 1.0, True)
+    want_lp, want_ent = _head_chunk(hidden.float(), targets, weight, None, 1.0, True)
+    assert lp.dtype == torch.float32
+    assert torch.equal(lp, want_lp) and torch.equal(ent, want_ent)
+    bf16_logits = torch.nn.functional.linear(hidden, weight.to(torch.bfloat16)).float()
+    bf16_lp = bf16_logits.log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1)
+    assert not torch.allclose(lp, bf16_lp, atol=1e-4)  # what the bf16 head would give
+
+
 @pytest.mark.parametrize("native", [True, False])
 def test_auto_compute_dtype_is_bf16_only_where_the_cpu_has_it(
     native: bool, monkeypatch: pytest.MonkeyPatch
