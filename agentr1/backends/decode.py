@@ -6,7 +6,7 @@ Notation: B rows, C reserved cache columns, H hidden size, K key/value heads, G 
 heads per key head, D head size, V vocabulary.
 
 Two costs of the module path that this pass does not pay (`benchmarks/RESULTS.md`,
-"Roofline"):
+"The hf sampler's decode pass"):
 
 - **The cache copied inside attention.** A decode step attends over the filled columns
   of each `ReservedLayer`, a slice ``[:, :, :n]`` of a ``[B, K, C, D]`` buffer. That slice
