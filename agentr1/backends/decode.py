@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from transformers.models.llama.modeling_llama import rotate_half
 
 from agentr1.backends.attention import one_query_attention
 
@@ -47,11 +48,6 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.to(torch.float32)
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * xf.to(x.dtype)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 @dataclass(frozen=True)
@@ -174,8 +170,8 @@ class DecodePass:
             q = F.linear(h_B1H, layer.q.weight, layer.q.bias).view(B, 1, -1, D).transpose(1, 2)
             k = F.linear(h_B1H, layer.k.weight, layer.k.bias).view(B, 1, -1, D).transpose(1, 2)
             v = F.linear(h_B1H, layer.v.weight, layer.v.bias).view(B, 1, -1, D).transpose(1, 2)
-            q = (q * cos_B11D) + (_rotate_half(q) * sin_B11D)
-            k = (k * cos_B11D) + (_rotate_half(k) * sin_B11D)
+            q = (q * cos_B11D) + (rotate_half(q) * sin_B11D)  # type: ignore[no-untyped-call]
+            k = (k * cos_B11D) + (rotate_half(k) * sin_B11D)  # type: ignore[no-untyped-call]
             keys_BKCD, values_BKCD = cache.append(k, v)
             if attend is None:  # the buffers' width, the same for every layer of a call
                 C = keys_BKCD.shape[-2]
