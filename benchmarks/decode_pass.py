@@ -80,6 +80,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     ]
     gens = {
         "written out": HFGenerator(model),
+        "unpacked": HFGenerator(model, pack_weights_bytes=0),
         "transformers": HFGenerator(model, fast_decode=False),
     }
     runs: dict[str, list[float]] = {name: [] for name in gens}
@@ -103,8 +104,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             f"{name:>12}: {ms:.2f} ms a pass (rounds {min(runs[name]):.2f}-"
             f"{max(runs[name]):.2f}), floor {floor:.2f} ms: {floor / ms:.0%} of it"
         )
-    same = outs["written out"] == outs["transformers"]
-    print(f"greedy tokens {'identical' if same else 'DIFFER'} between the two")
+    same = outs["written out"] == outs["transformers"] == outs["unpacked"]
+    print(f"greedy tokens {'identical' if same else 'DIFFER'} between the three")
     result["floor_ms"] = floor
     result["identical"] = float(same)
     return result

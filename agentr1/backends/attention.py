@@ -93,14 +93,19 @@ def one_query_attention(
     bf16; 128 rows x 150 keys in fp32, the demo's model) and agrees with it to float
     rounding (fp32: 5e-7).
     """
-    scores = torch.matmul(q_BKGD, k_BKTD.transpose(-1, -2)).float().mul_(scale)
+    B, K, G, D = q_BKGD.shape
+    T = k_BKTD.shape[-2]
+    # bmm over the B x K (row, key head) batch: torch.matmul's own reshapes, without its
+    # half a dozen dispatched views a call (a decode pass makes one call a layer).
+    scores_NGT = torch.bmm(q_BKGD.reshape(B * K, G, D), k_BKTD.reshape(B * K, T, D).mT)
+    scores = scores_NGT.view(B, K, G, T).float().mul_(scale)
     if mask is not None:
         if mask.dtype == torch.bool:
             scores = scores.masked_fill_(~mask, float("-inf"))
         else:
             scores = scores.add_(mask)
-    probs = torch.softmax(scores, dim=-1).to(v_BKTD.dtype)
-    return torch.matmul(probs, v_BKTD)
+    probs_NGT = torch.softmax(scores, dim=-1).to(v_BKTD.dtype).view(B * K, G, T)
+    return torch.bmm(probs_NGT, v_BKTD.reshape(B * K, T, -1)).view(B, K, G, -1)
 
 
 def use_decode_sdpa(model: Any) -> bool:

@@ -82,7 +82,7 @@ import inspect
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -92,7 +92,7 @@ from transformers.cache_utils import DynamicLayer
 
 from agentr1.backends.attention import use_decode_sdpa
 from agentr1.backends.base import Completion, SamplingParams
-from agentr1.backends.decode import DecodePass
+from agentr1.backends.decode import DecodePass, WeightPacks
 
 MIN_COMPACT_ROWS = 2
 """Fewer finished rows are fed padding to the end of the call: dropping them from the
@@ -541,6 +541,11 @@ class HFGenerator:
         fast_decode: run decode steps of a Llama or Qwen2 model as `DecodePass` (its own
             written-out forward, `agentr1.backends.decode`) instead of transformers'
             forward; other models always take transformers'.
+        pack_weights_bytes: the decode pass multiplies by packed copies of the weights
+            (q|k|v and gate|up fused, in oneDNN's blocked layout on CPU; `WeightPacks`),
+            re-made whenever a weight changes, when the model's linear weights fit in
+            this many bytes: faster (1.4x on SmolLM2-135M's matmuls at 8 rows in bf16)
+            for the memory of those weights once more; 0 = the modules' own weights.
     """
 
     def __init__(
@@ -552,11 +557,14 @@ class HFGenerator:
         keep_cache_bytes: int = 2 << 30,
         compact: bool = True,
         fast_decode: bool = True,
+        pack_weights_bytes: int = 2 << 30,
     ) -> None:
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
         if keep_cache_bytes < 0:
             raise ValueError(f"keep_cache_bytes must be >= 0, got {keep_cache_bytes}")
+        if pack_weights_bytes < 0:
+            raise ValueError(f"pack_weights_bytes must be >= 0, got {pack_weights_bytes}")
         self.keep_cache_bytes = keep_cache_bytes
         self.kept: KeptCaches | None = None  # set inside ``session()``
         self.model = model
@@ -565,6 +573,9 @@ class HFGenerator:
         self.share_prefix = share_prefix
         self.compact = compact
         self.fast_decode = fast_decode
+        self.pack_weights_bytes = pack_weights_bytes
+        self.packs = WeightPacks()
+        """The decode pass's packed weights, kept between calls (`WeightPacks`)."""
         self.last_stats = GenerationStats()
         self.weight_version = 0
         """How many updates behind the weights sampling now (set by whoever syncs them)."""
@@ -818,7 +829,13 @@ class HFGenerator:
         layers = getattr(cache, "layers", None)
         if not self.fast_decode or not layers or any(type(x) is not ReservedLayer for x in layers):
             return None
-        return DecodePass.of(self.model)
+        decode = DecodePass.of(self.model)
+        if decode is None:
+            return None
+        if decode.linear_bytes() > self.pack_weights_bytes:
+            self.packs.packs.clear()  # the modules' own weights: no copy
+            return decode
+        return replace(decode, packs=self.packs)
 
     def _prefill(
         self, prompts: list[list[int]], cache: DynamicCache

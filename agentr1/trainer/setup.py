@@ -202,7 +202,9 @@ def sampler_setup(
     model = load_model(path, dtype=dtype, device=resolve_device(cfg.model.device)).eval()
     model.requires_grad_(False)
     keep = int(cfg.model.keep_kv_gib * 2**30)
-    return make_env, chat, HFGenerator(model, tokenizer, keep_cache_bytes=keep)
+    packed = int(cfg.model.pack_weights_gib * 2**30)
+    gen = HFGenerator(model, tokenizer, keep_cache_bytes=keep, pack_weights_bytes=packed)
+    return make_env, chat, gen
 
 
 def model_path(cfg: Config, spec: TaskSpec, cache_root: str | Path | None) -> tuple[str, Path]:
@@ -260,7 +262,8 @@ def load_policy(cfg: Config, path: str) -> tuple[Any, ChatFormat, Any, Generator
     if rollout_backend(cfg) == "vllm":
         return tokenizer, chat, policy, vllm_generator(cfg, path), pad_id
     keep = int(cfg.model.keep_kv_gib * 2**30)
-    generator = HFGenerator(sampler, tokenizer, keep_cache_bytes=keep)
+    packed = int(cfg.model.pack_weights_gib * 2**30)
+    generator = HFGenerator(sampler, tokenizer, keep_cache_bytes=keep, pack_weights_bytes=packed)
     return tokenizer, chat, policy, generator, pad_id
 
 
