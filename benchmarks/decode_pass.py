@@ -1,10 +1,12 @@
-"""The `hf` sampler's decode pass, written out (`agentr1.backends.decode.DecodePass`) or
-through transformers' forward, side by side in one process.
+"""The `hf` sampler's decode pass, written out (`agentr1.backends.decode.DecodePass`,
+from packed weights or the modules' own) or through transformers' forward, side by side
+in one process.
 
-Alternates the two settings of `HFGenerator(fast_decode=...)` over ``--rounds`` rounds on
-the same padded chunk of prompts (``--rows`` rows of about ``--context`` tokens, each
-row's length a little different) and reports the median milliseconds a decode pass
-(a call of ``--new`` + 1 tokens minus a call of 1, over ``--new``), against the pass's
+Alternates the three settings of `HFGenerator` (``pack_weights_bytes`` default and 0,
+``fast_decode=False``) over ``--rounds`` rounds on the same padded chunk of prompts
+(``--rows`` rows of about ``--context`` tokens, each row's length a little different)
+and reports the median milliseconds a decode pass (the generator's own clock of a call's
+decode passes, sampling included: `GenerationStats.decode_s`) against the pass's
 bandwidth floor (every weight and the KV cache read once at ``--copy-gbs``).
 
     .venv/bin/python benchmarks/decode_pass.py                     # SmolLM2-135M's shape, bf16, 8 rows
@@ -19,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from typing import Any
 
 import torch
@@ -87,15 +88,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     outs: dict[str, list[list[int]]] = {}
     for _ in range(args.rounds):
         for name, gen in gens.items():
-
-            def call(new: int, gen: HFGenerator = gen) -> tuple[float, list[list[int]]]:
-                t0 = time.perf_counter()
-                done = gen.generate(prompts, SamplingParams(max_new_tokens=new, temperature=0.0))
-                return time.perf_counter() - t0, [c.token_ids for c in done]
-
-            t_one, _ = call(1)
-            t_all, outs[name] = call(args.new + 1)
-            runs[name].append((t_all - t_one) / args.new * 1e3)
+            done = gen.generate(
+                prompts, SamplingParams(max_new_tokens=args.new + 1, temperature=0.0)
+            )
+            outs[name] = [c.token_ids for c in done]
+            runs[name].append(gen.last_stats.ms_per_decode_pass)
     size = torch.finfo(dtype).bits // 8
     floor = floor_ms(model, args.rows, args.context + args.new / 2, size, args.copy_gbs)
     result = {name: statistics.median(ms) for name, ms in runs.items()}

@@ -5,7 +5,8 @@ and bf16, and the bandwidth of a 1 GiB copy. Then four phases of the given model
 agentr1's own code paths (`HFGenerator` for sampling, `token_logprobs` for the trainer's
 passes):
 
-- decode: one pass per token of ``--rows`` rows after a ``--context``-token prompt; its
+- decode: one pass per token of ``--rows`` rows after a ``--context``-token prompt (the
+  generator's own clock of its decode passes, `GenerationStats.decode_s`); its
   floor is the bytes a pass must read (every weight once, plus the KV cache) at the copy's
   rate (bytes read plus bytes written a second). Achieved = floor / measured time.
 - prefill: the prompt pass of the same rows (``logits_to_keep=1``); FLOPs = 2 x weights
@@ -101,8 +102,13 @@ def phases(args: argparse.Namespace, limits: dict[str, float]) -> dict[str, dict
         gen.generate(prompts, SamplingParams(max_new_tokens=new, temperature=1.0, seed=1))
 
     t_prefill = best_of(lambda: sample(1), args.repeats)
-    t_all = best_of(lambda: sample(N + 1), args.repeats)
-    t_pass = (t_all - t_prefill) / N
+    # The generator's own clock of its decode passes (sampling included): not a
+    # difference of two calls, which carries the prefill's noise into every pass.
+    per_pass = []
+    for _ in range(args.repeats):
+        sample(N + 1)
+        per_pass.append(gen.last_stats.decode_s / gen.last_stats.decode_passes)
+    t_pass = min(per_pass)
     tokens = sum(len(p) for p in prompts)
     out: dict[str, dict[str, float]] = {}
     kv_bytes = 2 * sh["layers"] * sh["kv_heads"] * sh["head_dim"] * size * B * (P + N / 2)

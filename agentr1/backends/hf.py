@@ -135,6 +135,10 @@ class GenerationStats:
         kept_tokens: prompt tokens not prefilled because an earlier call of the session
             kept their cache (module docstring, 4).
         wall_s: wall-clock seconds for the whole call.
+        prefill_s: seconds in prefills (the prompts, or what kept caches lack of them).
+        decode_s: seconds in decoding: every decode pass with its sampling and
+            bookkeeping, from the first token sampled to the last.
+        decode_passes: decode passes (one token a row each) over all chunks.
     """
 
     num_prompts: int = 0
@@ -144,6 +148,14 @@ class GenerationStats:
     shared_prefix_tokens: int = 0
     kept_tokens: int = 0
     wall_s: float = 0.0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    decode_passes: int = 0
+
+    @property
+    def ms_per_decode_pass(self) -> float:
+        """Milliseconds a decode pass (0 when there was none)."""
+        return 1e3 * self.decode_s / self.decode_passes if self.decode_passes else 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -161,6 +173,9 @@ class GenerationStats:
             "kept_tokens": float(self.kept_tokens),
             "wall_s": self.wall_s,
             "tokens_per_s": self.tokens_per_s,
+            "prefill_s": self.prefill_s,
+            "decode_s": self.decode_s,
+            "decode_passes": float(self.decode_passes),
         }
 
 
@@ -743,11 +758,14 @@ class HFGenerator:
             laid_out = max(lens) + max(len(p) - c for p, c in zip(prompts, lens, strict=True))
         else:
             laid_out = max(len(p) for p in prompts)
+        t_prefill = time.perf_counter()
         cache = _new_cache(self.model, reserve=laid_out + longest)
         if use_kept is not None:
             logits_BV, mask_BT = self._prefill_kept(prompts, use_kept, cache)
         else:
             logits_BV, mask_BT = self._prefill(prompts, cache)
+        t_decode = time.perf_counter()
+        self.last_stats.prefill_s += t_decode - t_prefill
         prefill_mask_BT = mask_BT
         # The mask of every decode step, filled once: step s feeds columns [0, width + s].
         width = mask_BT.shape[1]
@@ -791,7 +809,9 @@ class HFGenerator:
             feed_B1 = torch.where(done_B, self.pad_id, tokens_B)[:, None]
             mask_BT = full_mask_BT[:, : width + step + 1]
             logits_BV = self._decode_step(feed_B1, mask_BT, next_pos_B1, cache, decode)
+            self.last_stats.decode_passes += 1
             next_pos_B1 = next_pos_B1 + 1
+        self.last_stats.decode_s += time.perf_counter() - t_decode
 
         if self.kept is not None:
             self._keep_rows(list(enumerate(live)), prompts, tokens, prefill_mask_BT, cache)
