@@ -19,23 +19,26 @@ Two costs of the module path that this pass does not pay (`benchmarks/RESULTS.md
   calls per layer; here a layer is its operations on the modules' own weights.
 
 The arithmetic is transformers' ``LlamaDecoderLayer`` (Qwen2's too, with its q/k/v
-biases): RMSNorm in float32, ``rotate_half`` rotary embeddings from the model's own
-rotary module, the SiLU-gated MLP, and the sampler's `one_query_attention`; the logits
-agree with the module path's to float rounding (the softmax and the value product run
-over more, zero-weighted, columns), which `tests/integration/test_decode_pass.py` pins.
-The weights are read from the modules at every pass: a trainer's update is seen by the
-next token, exactly as through the module path.
+biases): RMSNorm in float32 (torch's ``rms_norm``, the same composite), rotary
+embeddings from the model's own rotary module (``rotate_half(x) * sin`` computed as
+``roll(x) * sin'`` with sin's first half negated: the same products), the SiLU-gated
+MLP, and the sampler's `one_query_attention`; the logits agree with the module path's
+to float rounding (the softmax and the value product run over more, zero-weighted,
+columns), which `tests/integration/test_decode_pass.py` pins. A trainer's update is seen
+by the next token, exactly as through the module path.
 
-- **Skinny matmuls on a row-major weight** (the third cost). At 8 rows a decode matmul
-  streams its weight once and does little else; oneDNN streams a weight held in its own
-  blocked layout ~1.4x faster than a plain ``[out, in]`` tensor (SmolLM2-135M's layer
-  matmuls in bf16 at 8 rows: 12.1 -> 8.3 ms a pass, the same bits). `WeightPacks` holds
-  such copies, one per matmul with q|k|v and gate|up fused into one weight each (fewer,
-  larger calls), and re-makes a copy when any of its source weights changes (its
-  version counter or its storage: an optimizer step, ``load_state_dict``, ``.to``). A
-  pass with packs reads the packed copies, one without reads the modules' weights; both
-  compute the same products (bf16: bit for bit; fp32: to float rounding). The copies
-  cost the memory of the linear weights once more (`HFGenerator`'s ``pack_weights``).
+A third cost, **skinny matmuls on a row-major weight**: at 8 rows a decode matmul
+streams its weight once and does little else, and oneDNN streams a weight held in its
+own blocked layout ~1.4x faster than a plain ``[out, in]`` tensor (SmolLM2-135M's layer
+matmuls in bf16 at 8 rows: 12.1 -> 8.3 ms a pass, the same bits; `benchmarks/RESULTS.md`,
+"Packed weights"). `WeightPacks` holds such copies, one per product with q|k|v and
+gate|up fused into one weight each (fewer, larger calls), and re-makes a copy when any
+of its source weights changes (its storage or its version counter: an optimizer step,
+``load_state_dict``, ``.to``; a write through ``.data`` bumps no counter and is not
+seen). A pass with packs reads the copies, one without (``packs=None``) the modules'
+weights; both compute the same products (bf16: bit for bit here; fp32: to float
+rounding). The copies cost the memory of the linear weights once more (`HFGenerator`'s
+``pack_weights_bytes`` caps it).
 """
 
 from __future__ import annotations

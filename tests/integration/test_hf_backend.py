@@ -236,7 +236,7 @@ def test_stats_and_training_mode_restored(model: LlamaForCausalLM) -> None:
     assert stats.forward_passes == 2 * 4  # 2 chunks x (prefill + 3 decode steps)
     assert stats.decode_passes == 2 * 3
     assert stats.wall_s > 0 and stats.tokens_per_s > 0
-    assert 0 < stats.prefill_s and 0 < stats.decode_s
+    assert stats.prefill_s > 0 and stats.decode_s > 0
     assert stats.prefill_s + stats.decode_s <= stats.wall_s
     assert stats.ms_per_decode_pass == pytest.approx(1e3 * stats.decode_s / 6)
     assert stats.as_dict()["decode_passes"] == 6.0
