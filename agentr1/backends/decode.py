@@ -124,8 +124,9 @@ def _hooked(model: torch.nn.Module) -> bool:
     return any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
 
 
-def _mkldnn_packs(dtype: torch.dtype, device: torch.device) -> bool:
-    """Whether oneDNN can hold and multiply weights of ``dtype`` in its blocked layout."""
+def packable(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether oneDNN can hold weights of ``dtype`` on ``device`` in its blocked layout
+    (a CPU with oneDNN: float32, and bfloat16 where the CPU has bf16 instructions)."""
     if device.type != "cpu" or not torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
         return False
     if not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
@@ -137,21 +138,18 @@ def _mkldnn_packs(dtype: torch.dtype, device: torch.device) -> bool:
 
 @dataclass
 class _Pack:
-    """One packed matmul: the weights ``sources`` fused along their outputs (and their
-    biases), in oneDNN's layout where it has one, else as one plain tensor."""
+    """One packed product: its source weights fused along their outputs, in oneDNN's
+    blocked layout, with their biases fused alike; ``key`` is what they were made from."""
 
     key: tuple[tuple[int, int], ...]
     weight: torch.Tensor
     bias: torch.Tensor | None
-    blocked: bool
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.blocked:
-            out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
-                x, self.weight, self.bias, "none", [], ""
-            )
-            return out
-        return F.linear(x, self.weight, self.bias)
+        out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
+            x, self.weight, self.bias, "none", [], ""
+        )
+        return out
 
 
 def _key(tensors: Sequence[torch.Tensor]) -> tuple[tuple[int, int], ...]:
@@ -163,7 +161,8 @@ def _key(tensors: Sequence[torch.Tensor]) -> tuple[tuple[int, int], ...]:
 @dataclass
 class WeightPacks:
     """Packed copies of a model's decode matmul weights, kept between passes and calls
-    and re-made when a source weight changes (module docstring: the third cost)."""
+    and re-made when a source weight changes (module docstring: the third cost). Only
+    for weights oneDNN can pack (`packable`; a CUDA model's are not)."""
 
     rows: int = 8
     """The batch size oneDNN is told to expect (any batch size works)."""
@@ -180,8 +179,11 @@ class WeightPacks:
         return pack(x)
 
     def _pack(self, key: tuple[tuple[int, int], ...], matmul: _Matmul) -> _Pack:
-        self.repacked += 1
         weights, biases = matmul.weights, matmul.biases
+        if not all(packable(t.dtype, t.device) for t in weights):
+            kinds = sorted({f"{t.dtype} on {t.device}" for t in weights})
+            raise ValueError(f"{matmul.name}: oneDNN cannot pack weights of {', '.join(kinds)}")
+        self.repacked += 1
         with torch.no_grad():
             w = weights[0].detach() if len(weights) == 1 else torch.cat(weights)
             bias = None
@@ -192,10 +194,7 @@ class WeightPacks:
                         for b, v in zip(biases, weights, strict=True)
                     ]
                 )
-            if not _mkldnn_packs(w.dtype, w.device):
-                return _Pack(key, w, bias, False)  # one weight: itself, no copy
-            packed = torch.ops.mkldnn._reorder_linear_weight(w, self.rows)
-            return _Pack(key, packed, bias, True)
+            return _Pack(key, torch.ops.mkldnn._reorder_linear_weight(w, self.rows), bias)
 
     def nbytes(self) -> int:
         """Bytes the packs hold."""
@@ -276,6 +275,11 @@ class DecodePass:
         if not layers or not _norm_ok(norm):
             return None
         return cls(embed, rotary, tuple(layers), norm, _Matmul.of("head", head))
+
+    def packable(self) -> bool:
+        """Whether every weight of the pass's products can be packed (`packable`)."""
+        products = [self.head, *(m for x in self.layers for m in (x.qkv, x.o, x.gate_up, x.down))]
+        return all(packable(w.dtype, w.device) for m in products for w in m.weights)
 
     def linear_bytes(self) -> int:
         """Bytes of the weights and biases the pass's matmuls read: what `WeightPacks`

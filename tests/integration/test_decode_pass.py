@@ -109,6 +109,8 @@ def test_one_bf16_step_agrees_and_reads_the_weights_as_they_are_now(
     """In bf16 the logits of one decode step agree with the module path's to bf16
     rounding, from packed weights or the modules'; after in-place weight changes (a
     trainer's update) both see them."""
+    if packed and not decode.packable(torch.bfloat16, torch.device("cpu")):
+        pytest.skip("oneDNN cannot pack bf16 weights on this CPU (no bf16 instructions)")
     model = MODELS[name]().to(torch.bfloat16)
     gen = HFGenerator(model)
     pass_ = decode.DecodePass.of(model)
@@ -201,6 +203,22 @@ def test_the_byte_cap_turns_packing_off_for_a_model_above_it() -> None:
     assert above.generate(PROMPTS, params) and above.packs.nbytes() == size
     with pytest.raises(ValueError, match="pack_weights_bytes must be >= 0"):
         HFGenerator(model, pack_weights_bytes=-1)
+
+
+def test_weights_onednn_cannot_pack_stay_the_modules() -> None:
+    """float16 weights (and any CUDA model's) have no blocked layout here: the pass reads
+    the modules' weights, and packing them directly is a clear error."""
+    cpu = torch.device("cpu")
+    assert decode.packable(torch.float32, cpu) and not decode.packable(torch.float16, cpu)
+    assert not decode.packable(torch.float32, torch.device("cuda"))
+    model = tiny_llama(vocab_size=VOCAB).to(torch.float16)
+    gen = HFGenerator(model)
+    assert gen.generate(PROMPTS, SamplingParams(max_new_tokens=3, temperature=0.0))
+    assert not gen.packs.packs and gen.last_stats.decode_passes == 2
+    pass_ = decode.DecodePass.of(model)
+    assert pass_ is not None and not pass_.packable()
+    with pytest.raises(ValueError, match=r"0\.qkv: oneDNN cannot pack weights of torch.float16"):
+        decode.WeightPacks().linear(pass_.layers[0].qkv, torch.zeros(1, 1, 32, dtype=torch.float16))
 
 
 def test_models_it_does_not_write_out_keep_transformers_forward() -> None:
