@@ -332,5 +332,7 @@ def _add_stats(into: RolloutStats, st: RolloutStats) -> None:
     into.generated_tokens += st.generated_tokens
     into.generate_s += st.generate_s
     into.env_s += st.env_s
+    into.prefill_s += st.prefill_s
+    into.decode_s += st.decode_s
     for k, v in st.stop_reasons.items():
         into.stop_reasons[k] = into.stop_reasons.get(k, 0) + v

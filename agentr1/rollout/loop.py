@@ -75,6 +75,10 @@ class RolloutStats:
     generate_s: float = 0.0
     env_s: float = 0.0
     total_s: float = 0.0
+    prefill_s: float = 0.0
+    """Of ``generate_s``: the generator's own clock of its prefills and its decode passes
+    (``last_stats``, `agentr1.backends.hf.GenerationStats`), 0 where it keeps none."""
+    decode_s: float = 0.0
     stop_reasons: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -187,6 +191,9 @@ def _run_turns(
         tg = time.perf_counter()
         outs = generator.generate([e.traj.token_ids for e in live], params)
         stats.generate_s += time.perf_counter() - tg
+        clock = getattr(generator, "last_stats", None)
+        stats.prefill_s += float(getattr(clock, "prefill_s", 0.0))
+        stats.decode_s += float(getattr(clock, "decode_s", 0.0))
         if len(outs) != len(live):
             raise RuntimeError(
                 f"generator returned {len(outs)} completions for {len(live)} prompts"

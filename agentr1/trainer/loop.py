@@ -135,7 +135,10 @@ def rollout_metrics(
         "response_len": sum(t.response_len for t in trajs) / n,
         "episode_len": sum(len(t.token_ids) for t in trajs) / n,
         "gen_tokens_per_s": stats.tokens_per_s,
+        "time/rollout_env": stats.env_s,
     }
+    if stats.prefill_s or stats.decode_s:  # the generator keeps a clock (the hf one does)
+        m["time/rollout_prefill"], m["time/rollout_decode"] = stats.prefill_s, stats.decode_s
     # Which tool failures, and what else went wrong, per episode (the kinds of
     # `agentr1.envs.base.ERROR_KINDS` always, a tool's own kinds when they occur).
     kinds = Counter(e.error or "tool_exception" for t in trajs for e in t.tool_log if not e.ok)

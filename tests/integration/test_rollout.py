@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
+from agentr1.backends.hf import GenerationStats
 from agentr1.backends.scripted import ScriptedGenerator
 from agentr1.envs.base import ToolEnv
 from agentr1.rewards import ANSWER_METRICS
@@ -373,3 +374,34 @@ def test_episodes_with_different_budgets_share_one_generate_call() -> None:
     turns = max(t.num_turns for t in trajs)
     assert len(calls) == turns  # one call per turn, whatever the budgets
     assert any(caps is not None and len(set(caps)) > 1 for _, caps in calls), calls
+
+
+def test_the_generators_clock_adds_up_in_the_rollouts_stats() -> None:
+    """A generator that times its prefills and decode passes (``last_stats``, as the hf
+    one does) has them summed over a rollout's calls; one that keeps no clock adds 0."""
+    tok = ByteTokenizer()
+    inner = ScriptedGenerator(
+        script([call("calculator", expression="1+2"), "<answer>3</answer>"]),
+        tok.encode,
+        tok.decode,
+        EOT,
+    )
+
+    class Clocked:
+        def __init__(self) -> None:
+            self.last_stats = GenerationStats()
+
+        def generate(self, prompts, params):  # type: ignore[no-untyped-def]
+            self.last_stats = GenerationStats(prefill_s=0.25, decode_s=0.5)
+            return inner.generate(prompts, params)
+
+    timed, plain = RolloutStats(), RolloutStats()
+    run_rollout(
+        [TASK], lambda: ToolEnv(tools=[calculator]), Clocked(), byte_chat(), RolloutConfig(), timed
+    )
+    run_rollout(
+        [TASK], lambda: ToolEnv(tools=[calculator]), inner, byte_chat(), RolloutConfig(), plain
+    )
+    assert timed.turns == plain.turns == 2  # two calls
+    assert (timed.prefill_s, timed.decode_s) == (0.5, 1.0)
+    assert (plain.prefill_s, plain.decode_s) == (0.0, 0.0)

@@ -381,6 +381,10 @@ def test_rollout_metrics_count_groups_whose_rewards_tie() -> None:
     assert m["groups_tied"] == pytest.approx(1 / 3)
     assert m["groups_outcome_tied"] == pytest.approx(2 / 3)
     assert "groups_tied" not in rollout_metrics(groups[3:], RolloutStats(), ())
+    # The rollout's parts in seconds: env always, prefill / decode where the generator times them.
+    timed = rollout_metrics(groups, RolloutStats(env_s=0.1, prefill_s=0.2, decode_s=0.5), ())
+    assert (timed["time/rollout_env"], timed["time/rollout_prefill"]) == (0.1, 0.2)
+    assert timed["time/rollout_decode"] == 0.5 and "time/rollout_decode" not in m
 
 
 def test_sorted_token_logprobs_equal_one_pass() -> None:
