@@ -276,16 +276,18 @@ class DecodePass:
             return None
         return cls(embed, rotary, tuple(layers), norm, _Matmul.of("head", head))
 
+    def products(self) -> list[_Matmul]:
+        """Every product of the pass: the head, then each layer's four."""
+        return [self.head, *(m for x in self.layers for m in (x.qkv, x.o, x.gate_up, x.down))]
+
     def packable(self) -> bool:
         """Whether every weight of the pass's products can be packed (`packable`)."""
-        products = [self.head, *(m for x in self.layers for m in (x.qkv, x.o, x.gate_up, x.down))]
-        return all(packable(w.dtype, w.device) for m in products for w in m.weights)
+        return all(packable(w.dtype, w.device) for m in self.products() for w in m.weights)
 
     def linear_bytes(self) -> int:
         """Bytes of the weights and biases the pass's matmuls read: what `WeightPacks`
         holds for it."""
-        products = [m for x in self.layers for m in (x.qkv, x.o, x.gate_up, x.down)]
-        return self.head.nbytes() + sum(m.nbytes() for m in products)
+        return sum(m.nbytes() for m in self.products())
 
     def __call__(
         self,
@@ -317,7 +319,8 @@ class DecodePass:
             if blocked is None:  # the buffers' width, the same for every layer of a call
                 C = keys_BKCD.shape[-2]
                 attend = F.pad(mask_BT.bool(), (0, C - T))[:, None, None, :]
-                blocked = torch.zeros(attend.shape).masked_fill_(~attend, float("-inf"))
+                blocked = torch.zeros_like(attend, dtype=torch.float32)
+                blocked = blocked.masked_fill_(~attend, float("-inf"))
             o_BKGD = one_query_attention(
                 qk_BND[:, :Q].reshape(B, K, -1, D), keys_BKCD, values_BKCD, blocked, layer.scaling
             )
