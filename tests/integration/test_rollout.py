@@ -379,13 +379,7 @@ def test_episodes_with_different_budgets_share_one_generate_call() -> None:
 def test_the_generators_clock_adds_up_in_the_rollouts_stats() -> None:
     """A generator that times its prefills and decode passes (``last_stats``, as the hf
     one does) has them summed over a rollout's calls; one that keeps no clock adds 0."""
-    tok = ByteTokenizer()
-    inner = ScriptedGenerator(
-        script([call("calculator", expression="1+2"), "<answer>3</answer>"]),
-        tok.encode,
-        tok.decode,
-        EOT,
-    )
+    inner = scripted([call("calculator", expression="1+2"), "<answer>3</answer>"])
 
     class Clocked:
         def __init__(self) -> None:
