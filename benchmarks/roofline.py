@@ -107,7 +107,7 @@ def phases(args: argparse.Namespace, limits: dict[str, float]) -> dict[str, dict
     per_pass = []
     for _ in range(args.repeats):
         sample(N + 1)
-        per_pass.append(gen.last_stats.decode_s / gen.last_stats.decode_passes)
+        per_pass.append(gen.last_stats.ms_per_decode_pass / 1e3)
     t_pass = min(per_pass)
     tokens = sum(len(p) for p in prompts)
     out: dict[str, dict[str, float]] = {}

@@ -196,6 +196,10 @@ class WeightPacks:
                 )
             return _Pack(key, torch.ops.mkldnn._reorder_linear_weight(w, self.rows), bias)
 
+    def clear(self) -> None:
+        """Drop every pack (their memory with them)."""
+        self.packs.clear()
+
     def nbytes(self) -> int:
         """Bytes the packs hold."""
         return sum(

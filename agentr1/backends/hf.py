@@ -559,8 +559,9 @@ class HFGenerator:
         pack_weights_bytes: the decode pass multiplies by packed copies of the weights
             (q|k|v and gate|up fused, in oneDNN's blocked layout; `WeightPacks`), re-made
             whenever a weight changes, when the model is on a CPU that packs its dtype
-            and its linear weights fit in this many bytes: faster (1.4x on SmolLM2-135M's matmuls at 8 rows in bf16)
-            for the memory of those weights once more; 0 = the modules' own weights.
+            and its linear weights fit in this many bytes: faster (1.4x on SmolLM2-135M's
+            matmuls at 8 rows in bf16) for the memory of those weights once more; 0 = the
+            modules' own weights.
     """
 
     def __init__(
@@ -853,7 +854,7 @@ class HFGenerator:
         if decode is None:
             return None
         if decode.linear_bytes() > self.pack_weights_bytes or not decode.packable():
-            self.packs.packs.clear()  # the modules' own weights: no copy
+            self.packs.clear()  # the modules' own weights: no copy
             return decode
         return replace(decode, packs=self.packs)
 
