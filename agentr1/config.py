@@ -106,6 +106,11 @@ class ModelConfig:
     weights (q|k|v and gate|up fused, in oneDNN's layout on a CPU; re-made after every
     weight change) when those weights fit in this many GiB: ~1.4x faster matmuls at few
     rows, for their memory once more (`agentr1.backends.decode.WeightPacks`); 0 = never."""
+    native_attention: bool = True
+    """The ``hf`` sampler's decode pass runs each layer's rotary, KV-cache write and
+    attention as one C++ kernel, built on first use with the machine's compiler
+    (`agentr1.backends.native`; float32 inside; CPU fp32 / bf16 models): 1.3-2.8x faster
+    than the torch ops on one layer. false, no compiler, or ``AGENTR1_NATIVE=0``: torch."""
     backend: Literal["hf", "vllm", "auto"] = "hf"
     """The rollout engine: "hf" (transformers, in this process), "vllm" (a vLLM engine in
     this process, weights synced after every update, `agentr1.backends.vllm`; needs

@@ -2,9 +2,10 @@
 
 Runs the demo recipe's own rollout (`recipes/demo.yaml`: 16 questions x 8 samples, up to
 5 turns of 48 tokens, the step's seeds) from a trained model, alternating in one process
-three settings of the `hf` generator: the default (finished rows leave the decode batch,
-``compact``; decode steps through the written-out `DecodePass`, ``fast_decode``), the
-default with transformers' forward for decode steps, and neither. Every setting samples
+four settings of the `hf` generator: the default (finished rows leave the decode batch,
+``compact``; decode steps through the written-out `DecodePass`, ``fast_decode``, with the
+native attention kernel, ``native_attention``), the default with torch ops for the
+attention, with transformers' forward for decode steps, and none of them. Every setting samples
 the same episodes (row seeds: the draws do not depend on the batch) on the same machine
 state. Reports per setting the median rollout seconds, decode passes, and the decode
 batch's row-slots (rows fed per pass, summed) against the rows still live in them.
@@ -73,15 +74,16 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     assert isinstance(gen, hf.HFGenerator), "the demo samples with the hf backend"
     tasks = [state.sampler.sample(cfg.train.tasks_per_step) for _ in range(args.steps)]
     setup.policy.eval()
-    settings = {  # name: (compact, fast_decode)
-        "default": (True, True),
-        "transformers' forward": (True, False),
-        "neither": (False, False),
+    settings = {  # name: (compact, fast_decode, native_attention)
+        "default": (True, True, True),
+        "torch attention": (True, True, False),
+        "transformers' forward": (True, False, False),
+        "neither": (False, False, False),
     }
     rows: dict[str, list[dict[str, float]]] = {name: [] for name in settings}
     for _ in range(args.rounds):
-        for name, (compact, fast) in settings.items():
-            gen.compact, gen.fast_decode = compact, fast
+        for name, (compact, fast, native) in settings.items():
+            gen.compact, gen.fast_decode, gen.native_attention = compact, fast, native
             for step, step_tasks in enumerate(tasks):
                 stats = RolloutStats()
                 with PassLog() as log:
@@ -91,6 +93,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
                     {
                         "rollout_s": stats.total_s,
                         "generate_s": stats.generate_s,
+                        "decode_s": stats.decode_s,
                         "passes": log.passes,
                         "row_slots": log.fed,
                         "live": log.live,
@@ -102,7 +105,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
         med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
         out[name] = med
         print(
-            f"{name:>21}: rollout {med['rollout_s']:.3f} s (generate {med['generate_s']:.3f}),"
+            f"{name:>21}: rollout {med['rollout_s']:.3f} s (generate {med['generate_s']:.3f},"
+            f" decode {med['decode_s']:.3f}),"
             f" {med['passes']:.0f} decode passes, {med['row_slots']:.0f} row-slots for"
             f" {med['live']:.0f} live ({med['live'] / med['row_slots']:.0%}),"
             f" {med['tokens']:.0f} tokens"

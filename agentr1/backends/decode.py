@@ -39,6 +39,15 @@ seen). A pass with packs reads the copies, one without (``packs=None``) the modu
 weights; both compute the same products (bf16: bit for bit here; fp32: to float
 rounding). The copies cost the memory of the linear weights once more (`HFGenerator`'s
 ``pack_weights_bytes`` caps it).
+
+A fourth, **a dozen small ops a layer between the matmuls**: the rotary's four, the
+cache's two writes, two ``bmm`` with the softmax and their views each pay a fixed
+dispatch cost, and the ``bmm`` read every reserved column. With ``attention`` (the
+native kernel, `agentr1.backends.native.DecodeAttention`, which `HFGenerator` loads
+unless ``native_attention=False``) they are one call a layer that reads only the
+columns a row attends; it writes the cache's keys exactly as the torch ops do and
+computes the attention in float32 (bf16: one rounding where the torch ops round the
+scores and probabilities too).
 """
 
 from __future__ import annotations
@@ -51,6 +60,7 @@ import torch
 import torch.nn.functional as F
 
 from agentr1.backends.attention import one_query_attention
+from agentr1.backends.native import DecodeAttention
 
 MODEL_TYPES = ("llama", "qwen2")
 """Architectures whose decoder layer this pass writes out (both: pre-norm RMSNorm,
@@ -226,6 +236,10 @@ class DecodePass:
     head: _Matmul
     packs: WeightPacks | None = None
     """Where the matmuls read their weights: packed copies, or (None) the modules'."""
+    attention: DecodeAttention | None = None
+    """The native kernel for a layer's rotary, cache write and attention
+    (`agentr1.backends.native`), used where it supports the model's dtype and device;
+    None: torch operations."""
 
     @classmethod
     def of(cls, model: Any) -> DecodePass | None:
@@ -311,24 +325,52 @@ class DecodePass:
         half = sin.shape[-1] // 2
         sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
         B, T = mask_BT.shape
+        native = self.attention
+        if native is not None and not native.supports(x_B1H.dtype, x_B1H.device):
+            native = None
+        attend_BT = mask_BT.to(torch.uint8).contiguous() if native is not None else mask_BT
         blocked: torch.Tensor | None = None  # 0 / -inf over the buffers' columns
         for layer, cache in zip(self.layers, cache_layers, strict=True):
             Q, K, D = layer.q_heads, layer.kv_heads, layer.head_dim
             h_B1H = _rms(x_B1H, layer.input_norm.weight, layer.input_norm.variance_epsilon)
             # q | k | v of every head as one product; rotary on the q and k heads at once.
             qkv_BND = layer.qkv(h_B1H, packs).view(B, -1, D)
-            qk_BND = qkv_BND[:, : Q + K]
-            qk_BND = qk_BND * cos + qk_BND.roll(half, -1) * sin
-            keys_BKCD, values_BKCD = cache.append(qk_BND[:, Q:, None], qkv_BND[:, Q + K :, None])
-            if blocked is None:  # the buffers' width, the same for every layer of a call
-                C = keys_BKCD.shape[-2]
-                attend = F.pad(mask_BT.bool(), (0, C - T))[:, None, None, :]
-                blocked = torch.zeros_like(attend, dtype=torch.float32)
-                blocked = blocked.masked_fill_(~attend, float("-inf"))
-            o_BKGD = one_query_attention(
-                qk_BND[:, :Q].reshape(B, K, -1, D), keys_BKCD, values_BKCD, blocked, layer.scaling
-            )
-            x_B1H = x_B1H + layer.o(o_BKGD.reshape(B, 1, -1), packs)
+            claimed = cache.claim_column() if native is not None else None
+            if native is not None and claimed is not None:
+                # rotary, the cache's new column and the attention in one native call
+                keys_BKCD, values_BKCD, n = claimed
+                o_B1X = native(
+                    qkv_BND,
+                    cos[:, 0],
+                    sin[:, 0],
+                    keys_BKCD,
+                    values_BKCD,
+                    n,
+                    attend_BT,
+                    Q,
+                    K,
+                    layer.scaling,
+                ).view(B, 1, -1)
+            else:
+                qk_BND = qkv_BND[:, : Q + K]
+                qk_BND = qk_BND * cos + qk_BND.roll(half, -1) * sin
+                keys_BKCD, values_BKCD = cache.append(
+                    qk_BND[:, Q:, None], qkv_BND[:, Q + K :, None]
+                )
+                if blocked is None:  # the buffers' width, the same for every layer of a call
+                    C = keys_BKCD.shape[-2]
+                    attend = F.pad(mask_BT.bool(), (0, C - T))[:, None, None, :]
+                    blocked = torch.zeros_like(attend, dtype=torch.float32)
+                    blocked = blocked.masked_fill_(~attend, float("-inf"))
+                o_BKGD = one_query_attention(
+                    qk_BND[:, :Q].reshape(B, K, -1, D),
+                    keys_BKCD,
+                    values_BKCD,
+                    blocked,
+                    layer.scaling,
+                )
+                o_B1X = o_BKGD.reshape(B, 1, -1)
+            x_B1H = x_B1H + layer.o(o_B1X, packs)
             h_B1H = _rms(x_B1H, layer.post_norm.weight, layer.post_norm.variance_epsilon)
             gate_B1I, up_B1I = layer.gate_up(h_B1H, packs).chunk(2, dim=-1)
             x_B1H = x_B1H + layer.down(F.silu(gate_B1I) * up_B1I, packs)

@@ -93,6 +93,7 @@ from transformers.cache_utils import DynamicLayer
 from agentr1.backends.attention import use_decode_sdpa
 from agentr1.backends.base import Completion, SamplingParams
 from agentr1.backends.decode import DecodePass, WeightPacks
+from agentr1.backends.native import decode_attention
 
 MIN_COMPACT_ROWS = 2
 """Fewer finished rows are fed padding to the end of the call: dropping them from the
@@ -480,6 +481,22 @@ class ReservedLayer(DynamicLayer):  # type: ignore[no-untyped-call]
         assert self._k is not None and self._v is not None
         return self._k, self._v
 
+    def claim_column(self) -> tuple[torch.Tensor, torch.Tensor, int] | None:
+        """Room for one more token, for a caller that writes its key and value itself
+        (the native decode kernel, `agentr1.backends.native`): the whole buffers
+        ``[B, heads, reserved, head_dim]`` and the column ``n`` now counted as filled,
+        which the caller must write before anything reads the cache; None before the
+        first `update` (nothing reserved yet)."""
+        if self._k is None or self._v is None:
+            return None
+        n = self._n
+        if n + 1 > self._k.shape[-2]:
+            self._grow(self._k[:, :, :0], self._v[:, :, :0], n + 1)
+        assert self._k is not None and self._v is not None
+        self._n = n + 1
+        self.keys, self.values = self._k[:, :, : self._n], self._v[:, :, : self._n]
+        return self._k, self._v, n
+
     def _grow(self, key_states: torch.Tensor, value_states: torch.Tensor, needed: int) -> None:
         B, H, _, D = key_states.shape
         cap = max(needed, self.reserve) if self._k is None else 2 * needed
@@ -562,6 +579,10 @@ class HFGenerator:
             and its linear weights fit in this many bytes: faster (1.4x on SmolLM2-135M's
             matmuls at 8 rows in bf16) for the memory of those weights once more; 0 = the
             modules' own weights.
+        native_attention: the decode pass runs each layer's rotary, cache write and
+            attention as one native kernel (`agentr1.backends.native`, built on first use
+            with the machine's C++ compiler; torch ops where it cannot be built or the
+            dtype / device is not fp32 / bf16 on a CPU).
     """
 
     def __init__(
@@ -574,6 +595,7 @@ class HFGenerator:
         compact: bool = True,
         fast_decode: bool = True,
         pack_weights_bytes: int = 2 << 30,
+        native_attention: bool = True,
     ) -> None:
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
@@ -590,6 +612,7 @@ class HFGenerator:
         self.compact = compact
         self.fast_decode = fast_decode
         self.pack_weights_bytes = pack_weights_bytes
+        self.native_attention = native_attention
         self.packs = WeightPacks()
         """The decode pass's packed weights, kept between calls (`WeightPacks`)."""
         self.last_stats = GenerationStats()
@@ -853,6 +876,8 @@ class HFGenerator:
         decode = DecodePass.of(self.model)
         if decode is None:
             return None
+        if self.native_attention and self.model.device.type == "cpu":
+            decode = replace(decode, attention=decode_attention())
         if decode.linear_bytes() > self.pack_weights_bytes or not decode.packable():
             self.packs.clear()  # the modules' own weights: no copy
             return decode

@@ -201,10 +201,18 @@ def sampler_setup(
     dtype = torch.bfloat16 if bf16 else torch.float32
     model = load_model(path, dtype=dtype, device=resolve_device(cfg.model.device)).eval()
     model.requires_grad_(False)
-    keep = int(cfg.model.keep_kv_gib * 2**30)
-    packed = int(cfg.model.pack_weights_gib * 2**30)
-    gen = HFGenerator(model, tokenizer, keep_cache_bytes=keep, pack_weights_bytes=packed)
-    return make_env, chat, gen
+    return make_env, chat, hf_generator(cfg, model, tokenizer)
+
+
+def hf_generator(cfg: Config, model: Any, tokenizer: Any) -> HFGenerator:
+    """The ``hf`` sampler of ``model`` with the settings ``cfg.model`` gives it."""
+    return HFGenerator(
+        model,
+        tokenizer,
+        keep_cache_bytes=int(cfg.model.keep_kv_gib * 2**30),
+        pack_weights_bytes=int(cfg.model.pack_weights_gib * 2**30),
+        native_attention=cfg.model.native_attention,
+    )
 
 
 def model_path(cfg: Config, spec: TaskSpec, cache_root: str | Path | None) -> tuple[str, Path]:
@@ -261,10 +269,7 @@ def load_policy(cfg: Config, path: str) -> tuple[Any, ChatFormat, Any, Generator
         enable_activation_checkpointing(policy)
     if rollout_backend(cfg) == "vllm":
         return tokenizer, chat, policy, vllm_generator(cfg, path), pad_id
-    keep = int(cfg.model.keep_kv_gib * 2**30)
-    packed = int(cfg.model.pack_weights_gib * 2**30)
-    generator = HFGenerator(sampler, tokenizer, keep_cache_bytes=keep, pack_weights_bytes=packed)
-    return tokenizer, chat, policy, generator, pad_id
+    return tokenizer, chat, policy, hf_generator(cfg, sampler, tokenizer), pad_id
 
 
 def enable_activation_checkpointing(policy: Any) -> None:

@@ -25,4 +25,5 @@ def test_both_settings_sample_the_same_tokens_and_compaction_feeds_fewer_rows(
     assert compact["passes"] == full["passes"]
     assert compact["row_slots"] < full["row_slots"]
     assert out["transformers' forward"]["row_slots"] == compact["row_slots"]
+    assert out["torch attention"]["tokens"] == compact["tokens"]
     assert "row-slots for" in capsys.readouterr().out

@@ -13,7 +13,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from agentr1 import lora
-from agentr1.backends import decode, hf
+from agentr1.backends import decode, hf, native
 from agentr1.backends.base import Completion, SamplingParams
 from agentr1.backends.hf import HFGenerator
 from tests.tiny_models import tiny_llama
@@ -65,6 +65,27 @@ def count_passes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
+def count_native(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Rows of every native decode-attention call from here on."""
+    calls: list[int] = []
+    run = native.DecodeAttention.__call__
+
+    def spy(self: native.DecodeAttention, qkv: torch.Tensor, *args: Any) -> torch.Tensor:
+        calls.append(qkv.shape[0])
+        return run(self, qkv, *args)
+
+    monkeypatch.setattr(native.DecodeAttention, "__call__", spy)
+    return calls
+
+
+def native_kernel() -> native.DecodeAttention:
+    """The built kernel, or a skip naming why there is none."""
+    kernel = native.decode_attention()
+    if kernel is None:
+        pytest.skip("no native decode-attention kernel here (no C++ compiler, or AGENTR1_NATIVE=0)")
+    return kernel
+
+
 def two_turns(gen: HFGenerator, params: SamplingParams) -> list[Completion]:
     """A session's two calls, the second extending every first turn (kept caches)."""
     with gen.session():
@@ -83,32 +104,43 @@ def two_turns(gen: HFGenerator, params: SamplingParams) -> list[Completion]:
     ],
     ids=["greedy", "seed", "row_seeds"],
 )
+@pytest.mark.parametrize("attention", ["native", "torch"])
 def test_the_written_out_pass_samples_what_transformers_forward_does(
-    name: str, params: SamplingParams, monkeypatch: pytest.MonkeyPatch
+    name: str, params: SamplingParams, attention: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model = MODELS[name]()
+    native_calls = count_native(monkeypatch)
+    if attention == "native":
+        native_kernel()
     # Rows finish apart (a stop token, caps of their own): the batch compacts.
     params = replace(params, stop_token_ids=(9,), row_max_new_tokens=(10, 3, 6, 2))
     calls = count_passes(monkeypatch)
-    ours = two_turns(HFGenerator(model), params)
+    ours = two_turns(HFGenerator(model, native_attention=attention == "native"), params)
     assert calls and min(calls) < len(PROMPTS)  # the pass ran, on compacted batches too
+    # the native run called the kernel once a layer of every pass (the same rows), the
+    # torch run never
+    layers = model.config.num_hidden_layers
+    expected = [rows for rows in calls for _ in range(layers)] if attention == "native" else []
+    assert native_calls == expected
     calls.clear()
     theirs = two_turns(HFGenerator(model, fast_decode=False), params)
     assert not calls
     for a, b in zip(ours, theirs, strict=True):
         assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
-        # fp32 through another GEMM (oneDNN's packed weights): rounding, ~1e-5 of a nat.
+        # fp32 through another GEMM (oneDNN's packed weights) and, natively, another
+        # attention: rounding, ~1e-5 of a nat.
         assert a.logprobs == pytest.approx(b.logprobs, rel=2e-5, abs=1e-5)
 
 
+@pytest.mark.parametrize("attention", ["native", "torch"])
 @pytest.mark.parametrize("packed", [True, False], ids=["packed", "modules"])
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_one_bf16_step_agrees_and_reads_the_weights_as_they_are_now(
-    name: str, packed: bool
+    name: str, packed: bool, attention: str
 ) -> None:
     """In bf16 the logits of one decode step agree with the module path's to bf16
-    rounding, from packed weights or the modules'; after in-place weight changes (a
-    trainer's update) both see them."""
+    rounding, from packed weights or the modules', with the native attention kernel or
+    torch ops; after in-place weight changes (a trainer's update) both see them."""
     if packed and not decode.packable(torch.bfloat16, torch.device("cpu")):
         pytest.skip("oneDNN cannot pack bf16 weights on this CPU (no bf16 instructions)")
     model = MODELS[name]().to(torch.bfloat16)
@@ -117,6 +149,8 @@ def test_one_bf16_step_agrees_and_reads_the_weights_as_they_are_now(
     assert pass_ is not None
     if packed:
         pass_ = replace(pass_, packs=decode.WeightPacks())
+    if attention == "native":
+        pass_ = replace(pass_, attention=native_kernel())
 
     def step(fast: bool) -> torch.Tensor:
         cache = hf._new_cache(model, reserve=16)
@@ -130,10 +164,14 @@ def test_one_bf16_step_agrees_and_reads_the_weights_as_they_are_now(
                 return pass_(feed, mask, nxt, cache.layers)
             return gen._forward(feed, mask, nxt, cache)
 
+    # The native kernel rounds a bf16 attention once (float32 inside), the module path its
+    # scores and probabilities too: each is 1-3% of the logits' scale from the same model
+    # in fp32 here (both about equally far), so the two may be twice that apart.
+    tol = 0.04 if attention == "native" else 0.02
     for _ in range(2):
         ours, theirs = step(True), step(False)
         scale = theirs.abs().max()
-        assert (ours - theirs).abs().max() <= 0.02 * scale
+        assert (ours - theirs).abs().max() <= tol * scale
         with torch.no_grad():  # both must see the changes
             model.get_output_embeddings().weight.mul_(-1.0)
             model.model.layers[0].self_attn.k_proj.weight.mul_(3.0)

@@ -1,0 +1,262 @@
+"""Native kernels for the ``hf`` sampler's decode pass, built on first use.
+
+One kernel so far, `DecodeAttention` (``kernels/decode_attention.cpp``): a decode step's
+rotary embedding, KV-cache write and grouped-query softmax attention for every (row,
+key head) pair in one call a layer, in float32 inside, AVX-512 where the compiler targets
+it and OpenMP across torch's threads. It replaces ~15 torch ops a layer (rotary's four,
+the cache's two writes, the mask, two ``bmm``, the softmax and their views) whose fixed
+costs were most of a small model's decode pass (`benchmarks/RESULTS.md`, "Native decode
+attention"), and reads only the cache columns a row attends (the torch path reads the
+whole reserved buffer).
+
+Building: the machine's C++ compiler (``$CXX``, else ``c++`` / ``g++`` / ``clang++``)
+compiles the source with ``-O3 -march=native`` into ``$AGENTR1_KERNEL_DIR`` (default
+``~/.cache/agentr1/kernels``), under a name hashed from the source, the flags, the
+compiler's version and the CPU's feature flags, so a home directory shared by different
+machines keeps one build per CPU. The build writes a temporary file and renames it (two
+processes building at once both succeed). ``-fopenmp`` links the OpenMP runtime torch has
+already loaded (the same ``libgomp.so.1``), so the kernel's threads are torch's; where
+``-fopenmp`` does not compile the kernel is built single-threaded.
+
+Where there is no compiler, the build fails or ``AGENTR1_NATIVE=0`` is set, `
+decode_attention()` returns None (with one warning naming the reason) and the pass keeps
+its torch operations: the same function, rounded differently (`DecodeAttention`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).parent / "kernels" / "decode_attention.cpp"
+OFF_ENV = "AGENTR1_NATIVE"
+"""Set to 0 to never build or load native kernels."""
+DIR_ENV = "AGENTR1_KERNEL_DIR"
+"""Where built kernels are kept (default ``~/.cache/agentr1/kernels``)."""
+FLAGS = ("-std=c++17", "-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno")
+"""Compile flags; ``-ffp-contract=off`` keeps the rotary's products rounded op by op, as
+torch's, so the cache holds the torch path's exact keys."""
+BUILD_TIMEOUT_S = 300
+
+
+class NativeBuildError(RuntimeError):
+    """A kernel that could not be built or loaded (the compiler's message included)."""
+
+
+def kernel_dir() -> Path:
+    """Where built kernels live (`DIR_ENV`)."""
+    return Path(os.environ.get(DIR_ENV) or Path.home() / ".cache" / "agentr1" / "kernels")
+
+
+def compiler() -> str | None:
+    """The C++ compiler to build with: ``$CXX``, else the first of c++, g++, clang++."""
+    cxx = os.environ.get("CXX")
+    if cxx:
+        return shutil.which(cxx) or cxx
+    for name in ("c++", "g++", "clang++"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _version(cxx: str) -> str:
+    try:
+        run = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise NativeBuildError(f"cannot run the C++ compiler {cxx!r}: {e}") from e
+    if run.returncode != 0:
+        raise NativeBuildError(f"{cxx} --version failed: {run.stderr.strip()[-500:]}")
+    return run.stdout
+
+
+def build(
+    source: Path = SOURCE,
+    out_dir: Path | None = None,
+    cxx: str | None = None,
+    flags: tuple[str, ...] = FLAGS,
+) -> Path:
+    """The shared library built from ``source`` with ``flags`` (compiled now unless an
+    identical build is in ``out_dir``); `NativeBuildError` when it cannot be."""
+    cxx = cxx or compiler()
+    if cxx is None:
+        raise NativeBuildError("no C++ compiler found (set CXX, or install g++ or clang++)")
+    out_dir = out_dir or kernel_dir()
+    code = source.read_bytes()
+    key = hashlib.sha256(
+        b"\0".join(
+            [
+                code,
+                " ".join(flags).encode(),
+                _version(cxx).encode(),
+                _cpu_flags().encode(),
+                platform.machine().encode(),
+            ]
+        )
+    ).hexdigest()[:16]
+    target = out_dir / f"{source.stem}-{key}.so"
+    if target.exists():
+        return target
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise NativeBuildError(f"cannot create {out_dir}: {e}") from e
+    errors = []
+    for openmp in (("-fopenmp",), ()):  # single-threaded where OpenMP does not compile
+        fd, tmp = tempfile.mkstemp(prefix=f".{source.stem}-", suffix=".so", dir=out_dir)
+        os.close(fd)
+        cmd = [cxx, *flags, *openmp, "-shared", "-fPIC", "-o", tmp, str(source)]
+        try:
+            run = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+        except (OSError, subprocess.SubprocessError) as e:
+            os.unlink(tmp)
+            raise NativeBuildError(f"{' '.join(cmd)}: {e}") from e
+        if run.returncode == 0:
+            os.replace(tmp, target)
+            return target
+        os.unlink(tmp)
+        errors.append(f"{' '.join(cmd)}:\n{run.stderr.strip()[-1500:]}")
+    raise NativeBuildError("the C++ compiler failed:\n" + "\n".join(errors))
+
+
+_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}
+
+
+class DecodeAttention:
+    """The loaded ``decode_attention`` kernel: ``attention(qkv_BND, cos_BD, sin_BD, keys,
+    values, n, attend_BT, q_heads, kv_heads, scale) -> [B, q_heads, D]``.
+
+    It writes the rotated key and the value of the new token into column ``n`` of the
+    ``[B, K, C, D]`` buffers ``keys`` / ``values`` (exactly the torch path's values:
+    rotary rounded op by op in the dtype) and returns the attention of each query head
+    over the columns ``0..n`` the row attends (``attend_BT[b, t]`` nonzero). The scores,
+    the softmax and the weighted sum of the values are float32, the result rounded once
+    to the dtype; the torch path rounds bf16 scores and probabilities on the way (both
+    are within a bf16 rounding of the exact attention: `tests/unit/test_native.py`).
+    """
+
+    def __init__(self, path: Path) -> None:
+        try:
+            self.lib = ctypes.CDLL(str(path))
+        except OSError as e:
+            raise NativeBuildError(f"cannot load {path}: {e}") from e
+        self.path = path
+        long, int_, ptr = ctypes.c_long, ctypes.c_int, ctypes.c_void_p
+        self._fns: dict[torch.dtype, Any] = {}
+        for dtype, suffix in _DTYPES.items():
+            fn = getattr(self.lib, f"agentr1_decode_attention_{suffix}")
+            fn.restype = int_
+            fn.argtypes = [ptr, long, ptr, ptr, long, ptr, ptr, long, long, long, ptr, long, ptr]
+            fn.argtypes += [int_, int_, int_, int_, ctypes.c_float]
+            self._fns[dtype] = fn
+
+    @staticmethod
+    def supports(dtype: torch.dtype, device: torch.device) -> bool:
+        """Whether the kernel runs tensors of ``dtype`` on ``device`` (CPU, fp32 / bf16)."""
+        return device.type == "cpu" and dtype in _DTYPES
+
+    def __call__(
+        self,
+        qkv_BND: torch.Tensor,
+        cos_BD: torch.Tensor,
+        sin_BD: torch.Tensor,
+        keys_BKCD: torch.Tensor,
+        values_BKCD: torch.Tensor,
+        n: int,
+        attend_BT: torch.Tensor,
+        q_heads: int,
+        kv_heads: int,
+        scale: float,
+    ) -> torch.Tensor:
+        B, N, D = qkv_BND.shape
+        dtype = qkv_BND.dtype
+        if q_heads + 2 * kv_heads != N or q_heads % kv_heads or D % 2:
+            raise ValueError(
+                f"decode attention: qkv [{B}, {N}, {D}] is not {q_heads} query + 2 x "
+                f"{kv_heads} key/value heads of an even size"
+            )
+        if keys_BKCD.shape != values_BKCD.shape or keys_BKCD.shape[:2] != (B, kv_heads):
+            raise ValueError(f"decode attention: cache {tuple(keys_BKCD.shape)} for qkv {B}x{N}")
+        if not 0 <= n < keys_BKCD.shape[2] or attend_BT.shape[0] != B or attend_BT.shape[1] <= n:
+            raise ValueError(
+                f"decode attention: column {n} of a {keys_BKCD.shape[2]}-column cache with an "
+                f"attention mask of {attend_BT.shape[1]} columns"
+            )
+        tensors = (qkv_BND, cos_BD, sin_BD, keys_BKCD, values_BKCD)
+        if any(t.dtype != dtype or not self.supports(t.dtype, t.device) for t in tensors):
+            raise ValueError(f"decode attention: every tensor must be CPU {list(_DTYPES)}")
+        if (
+            qkv_BND.stride(2) != 1
+            or qkv_BND.stride(1) != D
+            or cos_BD.stride() != sin_BD.stride()
+            or cos_BD.stride(1) != 1
+            or keys_BKCD.stride() != values_BKCD.stride()
+            or keys_BKCD.stride()[2:] != (D, 1)
+            or attend_BT.dtype != torch.uint8
+            or attend_BT.stride(1) != 1
+        ):
+            raise ValueError("decode attention: a tensor's layout is not the kernel's")
+        out = torch.empty((B, q_heads, D), dtype=dtype)
+        failed = self._fns[dtype](
+            qkv_BND.data_ptr(),
+            qkv_BND.stride(0),
+            cos_BD.data_ptr(),
+            sin_BD.data_ptr(),
+            cos_BD.stride(0),
+            keys_BKCD.data_ptr(),
+            values_BKCD.data_ptr(),
+            keys_BKCD.stride(0),
+            keys_BKCD.stride(1),
+            n,
+            attend_BT.data_ptr(),
+            attend_BT.stride(0),
+            out.data_ptr(),
+            B,
+            q_heads,
+            kv_heads,
+            D,
+            scale,
+        )
+        if failed:
+            raise MemoryError("decode attention: the kernel's scratch memory")
+        return out
+
+
+_LOADED: dict[str, DecodeAttention | None] = {}
+
+
+def decode_attention() -> DecodeAttention | None:
+    """The decode-attention kernel, built and loaded once a process; None where native
+    kernels are off (`OFF_ENV`) or cannot be built here (logged once, with the reason)."""
+    if os.environ.get(OFF_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+        return None
+    if "decode_attention" not in _LOADED:
+        kernel: DecodeAttention | None = None
+        try:
+            kernel = DecodeAttention(build())
+        except NativeBuildError as e:
+            log.warning("native decode attention unavailable, using torch ops: %s", e)
+        _LOADED["decode_attention"] = kernel
+    return _LOADED["decode_attention"]
