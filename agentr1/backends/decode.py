@@ -44,8 +44,8 @@ A fourth, **a dozen small ops a layer between the matmuls**: the rotary's four, 
 cache's two writes, two ``bmm`` with the softmax and their views each pay a fixed
 dispatch cost, and the ``bmm`` read every reserved column. With ``attention`` (the
 native kernel, `agentr1.backends.native.DecodeAttention`, which `HFGenerator` loads
-unless ``native_attention=False``) they are one call a layer that reads only the
-columns a row attends; it writes the cache's keys exactly as the torch ops do and
+unless ``native_attention=False``) they are one call a layer that visits only the
+columns up to the new token; it writes the cache's keys exactly as the torch ops do and
 computes the attention in float32 (bf16: one rounding where the torch ops round the
 scores and probabilities too).
 """

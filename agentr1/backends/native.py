@@ -4,10 +4,10 @@ One kernel so far, `DecodeAttention` (``kernels/decode_attention.cpp``): a decod
 rotary embedding, KV-cache write and grouped-query softmax attention for every (row,
 key head) pair in one call a layer, in float32 inside, AVX-512 where the compiler targets
 it and OpenMP across torch's threads. It replaces ~15 torch ops a layer (rotary's four,
-the cache's two writes, the mask, two ``bmm``, the softmax and their views) whose fixed
-costs were most of a small model's decode pass (`benchmarks/RESULTS.md`, "Native decode
-attention"), and reads only the cache columns a row attends (the torch path reads the
-whole reserved buffer).
+the cache's two writes, the mask, two ``bmm``, the softmax and their views: about a third
+of SmolLM2's bf16 decode pass at 8 rows, `benchmarks/RESULTS.md`, "Native decode
+attention") and visits only the cache columns up to the new token (the torch path reads
+the whole reserved buffer).
 
 Building: the machine's C++ compiler (``$CXX``, else ``c++`` / ``g++`` / ``clang++``)
 compiles the source with ``-O3 -march=native`` into ``$AGENTR1_KERNEL_DIR`` (default
@@ -30,6 +30,7 @@ import hashlib
 import logging
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -61,10 +62,11 @@ def kernel_dir() -> Path:
 
 
 def compiler() -> str | None:
-    """The C++ compiler to build with: ``$CXX``, else the first of c++, g++, clang++."""
+    """The C++ compiler to build with: ``$CXX`` (a command line, e.g. ``ccache g++``), else
+    the first of c++, g++, clang++ on the PATH."""
     cxx = os.environ.get("CXX")
     if cxx:
-        return shutil.which(cxx) or cxx
+        return cxx
     for name in ("c++", "g++", "clang++"):
         found = shutil.which(name)
         if found:
@@ -84,7 +86,9 @@ def _cpu_flags() -> str:
 
 def _version(cxx: str) -> str:
     try:
-        run = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30)
+        run = subprocess.run(
+            [*shlex.split(cxx), "--version"], capture_output=True, text=True, timeout=30
+        )
     except (OSError, subprocess.SubprocessError) as e:
         raise NativeBuildError(f"cannot run the C++ compiler {cxx!r}: {e}") from e
     if run.returncode != 0:
@@ -127,7 +131,7 @@ def build(
     for openmp in (("-fopenmp",), ()):  # single-threaded where OpenMP does not compile
         fd, tmp = tempfile.mkstemp(prefix=f".{source.stem}-", suffix=".so", dir=out_dir)
         os.close(fd)
-        cmd = [cxx, *flags, *openmp, "-shared", "-fPIC", "-o", tmp, str(source)]
+        cmd = [*shlex.split(cxx), *flags, *openmp, "-shared", "-fPIC", "-o", tmp, str(source)]
         try:
             run = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
         except (OSError, subprocess.SubprocessError) as e:

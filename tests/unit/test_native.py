@@ -102,7 +102,7 @@ def test_the_kernel_writes_the_cache_and_attends_like_the_torch_ops(
     attend = torch.ones(B, C, dtype=torch.uint8)
     if n > 2:
         attend[0, 1:3] = 0  # left padding in the middle of row 0's columns
-        keys[0, :, 1], values[0, :, 2] = float("nan"), float("inf")  # never read
+        keys[0, :, 1], values[0, :, 2] = float("nan"), float("inf")  # never used
     scale = D**-0.5
     k_ref, v_ref = keys.clone(), values.clone()
     ref, q = torch_path(qkv, cos, sin, k_ref, v_ref, n, attend, Q, K, scale)
@@ -170,6 +170,8 @@ def test_builds_are_cached_per_source_and_written_atomically(
     monkeypatch.setattr(native.subprocess, "run", real_run)
     src.write_text('extern "C" int answer() { return 43; }\n')
     assert native.build(src, tmp_path / "out") != first  # another source, another build
+    # $CXX is a command line (a launcher, extra flags), as in make
+    assert native.build(src, tmp_path / "other", cxx=f"{native.compiler()} -w").exists()
 
 
 def test_a_failing_build_is_an_error_with_the_compiler_message(tmp_path: Path) -> None:

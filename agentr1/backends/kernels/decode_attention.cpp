@@ -9,7 +9,8 @@
 //   3. softmax attention of the G queries over the cache's columns 0..n that the row
 //      attends, in float32 (scores, softmax, the weighted sum of the values), the result
 //      rounded once to the dtype.
-// Columns a row does not attend are never read, so padding may hold any value.
+// Columns a row does not attend never reach the result (their scores are replaced before
+// the softmax, their values skipped), so padding may hold any value, NaN included.
 //
 // Layouts (element strides; the last dimension is contiguous everywhere):
 //   qkv    [B, Q + 2K, D], row stride qkv_sb: the q heads, then the k heads, then the v heads
