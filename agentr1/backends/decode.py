@@ -326,8 +326,10 @@ class DecodePass:
         sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
         B, T = mask_BT.shape
         native = self.attention
-        if native is not None and not native.supports(x_B1H.dtype, x_B1H.device):
-            native = None
+        if native is not None and (
+            not native.supports(x_B1H.dtype, x_B1H.device) or cos.dtype != x_B1H.dtype
+        ):
+            native = None  # the kernel takes one dtype on a CPU; torch ops promote
         attend_BT = mask_BT.to(torch.uint8).contiguous() if native is not None else mask_BT
         blocked: torch.Tensor | None = None  # 0 / -inf over the buffers' columns
         for layer, cache in zip(self.layers, cache_layers, strict=True):
