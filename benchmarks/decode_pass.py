@@ -3,11 +3,11 @@ with the native attention kernel or torch ops, from packed weights or the module
 or through transformers' forward, side by side in one process.
 
 Alternates four settings of `HFGenerator` (the default; ``native_attention=False``; that
-and ``pack_weights_bytes=0``; ``fast_decode=False``) over ``--rounds`` rounds on the same padded chunk of prompts
-(``--rows`` rows of about ``--context`` tokens, each row's length a little different)
-and reports the median milliseconds a decode pass (the generator's own clock of a call's
-decode passes, sampling included: `GenerationStats.decode_s`) against the pass's
-bandwidth floor (every weight and the KV cache read once at ``--copy-gbs``).
+and ``pack_weights_bytes=0``; ``fast_decode=False``) over ``--rounds`` rounds on the same
+padded chunk of prompts (``--rows`` rows of about ``--context`` tokens, each row's length
+a little different) and reports the median milliseconds a decode pass (the generator's own
+clock of a call's decode passes, sampling included: `GenerationStats.decode_s`) against the
+pass's bandwidth floor (every weight and the KV cache read once at ``--copy-gbs``).
 
     .venv/bin/python benchmarks/decode_pass.py                     # SmolLM2-135M's shape, bf16, 8 rows
     .venv/bin/python benchmarks/decode_pass.py --model runs/demo/final_model --dtype float32 \\

@@ -5,8 +5,8 @@ Runs the demo recipe's own rollout (`recipes/demo.yaml`: 16 questions x 8 sample
 four settings of the `hf` generator: the default (finished rows leave the decode batch,
 ``compact``; decode steps through the written-out `DecodePass`, ``fast_decode``, with the
 native attention kernel, ``native_attention``), the default with torch ops for the
-attention, with transformers' forward for decode steps, and none of them. Every setting samples
-the same episodes (row seeds: the draws do not depend on the batch) on the same machine
+attention, with transformers' forward for decode steps, and none of them. Every setting
+samples the same episodes (row seeds: the draws do not depend on the batch) on the same machine
 state. Reports per setting the median rollout seconds, decode passes, and the decode
 batch's row-slots (rows fed per pass, summed) against the rows still live in them.
 

@@ -52,30 +52,27 @@ MODELS = {
 }
 
 
+def count_rows(monkeypatch: pytest.MonkeyPatch, cls: Any) -> list[int]:
+    """Rows (the first argument's first dimension) of every call of ``cls`` from here on."""
+    calls: list[int] = []
+    run = cls.__call__
+
+    def spy(self: Any, first_B: torch.Tensor, *args: Any) -> torch.Tensor:
+        calls.append(first_B.shape[0])
+        return run(self, first_B, *args)
+
+    monkeypatch.setattr(cls, "__call__", spy)
+    return calls
+
+
 def count_passes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Rows of every `DecodePass` call from here on."""
-    calls: list[int] = []
-    run = decode.DecodePass.__call__
-
-    def spy(self: decode.DecodePass, tokens_B1: torch.Tensor, *args: Any) -> torch.Tensor:
-        calls.append(tokens_B1.shape[0])
-        return run(self, tokens_B1, *args)
-
-    monkeypatch.setattr(decode.DecodePass, "__call__", spy)
-    return calls
+    return count_rows(monkeypatch, decode.DecodePass)
 
 
 def count_native(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Rows of every native decode-attention call from here on."""
-    calls: list[int] = []
-    run = native.DecodeAttention.__call__
-
-    def spy(self: native.DecodeAttention, qkv: torch.Tensor, *args: Any) -> torch.Tensor:
-        calls.append(qkv.shape[0])
-        return run(self, qkv, *args)
-
-    monkeypatch.setattr(native.DecodeAttention, "__call__", spy)
-    return calls
+    return count_rows(monkeypatch, native.DecodeAttention)
 
 
 def native_kernel() -> native.DecodeAttention:

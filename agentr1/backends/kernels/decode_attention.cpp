@@ -80,21 +80,25 @@ inline float exp_nonpositive(float x) {
     return x < -87.0f ? 0.0f : p * two_k;
 }
 
+#if defined(__AVX512F__)
+// 16 values widened to float32.
+template <typename T> inline __m512 load16(const T* p) {
+    if constexpr (sizeof(T) == 4) {
+        return _mm512_loadu_ps(reinterpret_cast<const float*>(p));
+    } else {
+        __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+}
+#endif
+
 // q . k over D for one cached key row; q in float (already rounded to T's precision).
 template <typename T, int D> inline float dot(const float* q, const T* k) {
 #if defined(__AVX512F__)
     if constexpr (D % 16 == 0) {
         __m512 acc[D / 16];
-        for (int i = 0; i < D / 16; i++) {
-            __m512 kv;
-            if constexpr (sizeof(T) == 4) {
-                kv = _mm512_loadu_ps(reinterpret_cast<const float*>(k) + 16 * i);
-            } else {
-                __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + 16 * i));
-                kv = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-            }
-            acc[i] = _mm512_mul_ps(_mm512_loadu_ps(q + 16 * i), kv);
-        }
+        for (int i = 0; i < D / 16; i++)
+            acc[i] = _mm512_mul_ps(_mm512_loadu_ps(q + 16 * i), load16(k + 16 * i));
         for (int w = D / 32; w > 0; w /= 2)
             for (int i = 0; i < w; i++) acc[i] = _mm512_add_ps(acc[i], acc[i + w]);
         return _mm512_reduce_add_ps(acc[0]);
@@ -106,15 +110,6 @@ template <typename T, int D> inline float dot(const float* q, const T* k) {
 }
 
 #if defined(__AVX512F__)
-template <typename T> inline __m512 load16(const T* p) {
-    if constexpr (sizeof(T) == 4) {
-        return _mm512_loadu_ps(reinterpret_cast<const float*>(p));
-    } else {
-        __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    }
-}
-
 // exp_nonpositive on 16 lanes, the same operations.
 inline __m512 exp16(__m512 x) {
     const __m512 lo = _mm512_set1_ps(-87.0f);
@@ -168,30 +163,6 @@ inline float exp_sum(float* s, long n, float m) {
         z += s[t];
     }
     return z;
-}
-
-// out[0..D) = sum over attended t of p[t] * v[t, 0..D), v rows D apart.
-template <typename T, int D>
-inline void weighted_sum(float* out, const float* p, const T* v, const uint8_t* att, long n) {
-#if defined(__AVX512F__)
-    if constexpr (D % 16 == 0 && D <= 128) {
-        __m512 acc[D / 16];
-        for (int i = 0; i < D / 16; i++) acc[i] = _mm512_setzero_ps();
-        for (long t = 0; t < n; t++) {
-            if (!att[t]) continue;
-            const __m512 pv = _mm512_set1_ps(p[t]);
-            for (int i = 0; i < D / 16; i++)
-                acc[i] = _mm512_fmadd_ps(pv, load16(v + t * D + 16 * i), acc[i]);
-        }
-        for (int i = 0; i < D / 16; i++) _mm512_storeu_ps(out + 16 * i, acc[i]);
-        return;
-    }
-#endif
-    for (int d = 0; d < D; d++) out[d] = 0.0f;
-    for (long t = 0; t < n; t++) {
-        if (!att[t]) continue;
-        for (int d = 0; d < D; d++) out[d] += p[t] * load(v[t * D + d]);
-    }
 }
 
 #if defined(__AVX512F__)
@@ -254,6 +225,14 @@ inline void weighted_sums(float* out, const float* p, long stride, const T* v, c
 }
 #endif
 
+// Element d of a head after rotary (step 1), each of its three operations rounded to T.
+template <typename T> inline float rotated(const T* x, const T* c, const T* sn, int d, int half) {
+    const int other = d < half ? d + half : d - half;
+    float a = rounded<T>(load(x[d]) * load(c[d]));
+    float r = rounded<T>(load(x[other]) * load(sn[d]));
+    return rounded<T>(a + r);
+}
+
 struct Scratch {
     std::vector<float> q, acc, s;
 };
@@ -269,18 +248,12 @@ void pair(const T* x, const T* c, const T* sn, T* kb, T* vb, long n, const uint8
     float* qf = w.q.data();
     for (int g = 0; g < G; g++) {
         const T* xq = x + (h * G + g) * D;
-        for (int d = 0; d < D; d++) {
-            float a = rounded<T>(load(xq[d]) * load(c[d]));
-            float r = rounded<T>(load(xq[d < half ? d + half : d - half]) * load(sn[d]));
-            qf[g * D + d] = rounded<T>(a + r);
-        }
+        for (int d = 0; d < D; d++) qf[g * D + d] = rotated(xq, c, sn, d, half);
     }
     const T* xk = x + long(Q + h) * D;
     const T* xv = x + long(Q + K + h) * D;
     for (int d = 0; d < D; d++) {
-        float a = rounded<T>(load(xk[d]) * load(c[d]));
-        float r = rounded<T>(load(xk[d < half ? d + half : d - half]) * load(sn[d]));
-        kb[n * D + d] = store<T>(a + r);
+        kb[n * D + d] = store<T>(rotated(xk, c, sn, d, half));
         vb[n * D + d] = xv[d];
     }
     float* s_all = w.s.data();
