@@ -111,6 +111,13 @@ class ModelConfig:
     attention as one C++ kernel, built on first use with the machine's compiler
     (`agentr1.backends.native`; float32 inside; CPU fp32 / bf16 models): 1.3-2.8x faster
     than the torch ops on one layer. false, no compiler, or ``AGENTR1_NATIVE=0``: torch."""
+    native_linear: bool = True
+    """In bf16 on a CPU with AMX or AVX512-BF16, the ``hf`` sampler's decode pass
+    multiplies by weights packed for a C++ kernel built like ``native_attention``'s, each
+    layer's RMSNorms, residual adds and SiLU gate fused into its four products (a SmolLM2
+    decode pass 1.1-1.3x faster than with oneDNN's products; within
+    ``pack_weights_gib``). false, another dtype or CPU, no
+    compiler, or ``AGENTR1_NATIVE=0``: oneDNN's packs and torch ops."""
     backend: Literal["hf", "vllm", "auto"] = "hf"
     """The rollout engine: "hf" (transformers, in this process), "vllm" (a vLLM engine in
     this process, weights synced after every update, `agentr1.backends.vllm`; needs

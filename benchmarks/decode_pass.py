@@ -1,9 +1,10 @@
 """The `hf` sampler's decode pass, written out (`agentr1.backends.decode.DecodePass`,
-with the native attention kernel or torch ops, from packed weights or the modules' own)
-or through transformers' forward, side by side in one process.
+with the native kernels or torch ops, from packed weights or the modules' own) or
+through transformers' forward, side by side in one process.
 
-Alternates four settings of `HFGenerator` (the default; ``native_attention=False``; that
-and ``pack_weights_bytes=0``; ``fast_decode=False``) over ``--rounds`` rounds on the same
+Alternates five settings of `HFGenerator` (the default: native attention and, in bf16,
+native products; ``native_linear=False``: oneDNN's products; both off: torch attention;
+that and ``pack_weights_bytes=0``; ``fast_decode=False``) over ``--rounds`` rounds on the same
 padded chunk of prompts (``--rows`` rows of about ``--context`` tokens, each row's length
 a little different) and reports the median milliseconds a decode pass (the generator's own
 clock of a call's decode passes, sampling included: `GenerationStats.decode_s`) against the
@@ -27,6 +28,7 @@ import torch
 
 from agentr1.backends.base import SamplingParams
 from agentr1.backends.hf import HFGenerator
+from agentr1.backends.native import decode_linear
 
 
 def smollm2_shaped() -> Any:
@@ -65,7 +67,17 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     ap.add_argument("--new", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--copy-gbs", type=float, default=37.0, help="the machine's copy rate")
+    ap.add_argument(
+        "--no-amx",
+        action="store_true",
+        help="the native product kernel without AMX (its AVX512-BF16 path); run with\n"
+        "ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 to hold oneDNN to the same instructions:\n"
+        "a CPU with AVX512-BF16 and no AMX, measured on one that has both",
+    )
     args = ap.parse_args(argv)
+    kernel = decode_linear()
+    if kernel is not None:
+        print(f"native product kernel: {kernel.use_amx(not args.no_amx)} path")
     dtype = getattr(torch, args.dtype)
     if args.model is None:
         model = smollm2_shaped().to(dtype)
@@ -81,8 +93,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     ]
     gens = {
         "written out": HFGenerator(model),
-        "torch attention": HFGenerator(model, native_attention=False),
-        "unpacked": HFGenerator(model, native_attention=False, pack_weights_bytes=0),
+        "oneDNN products": HFGenerator(model, native_linear=False),
+        "torch attention": HFGenerator(model, native_attention=False, native_linear=False),
+        "unpacked": HFGenerator(
+            model, native_attention=False, native_linear=False, pack_weights_bytes=0
+        ),
         "transformers": HFGenerator(model, fast_decode=False),
     }
     runs: dict[str, list[float]] = {name: [] for name in gens}
@@ -104,18 +119,21 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         )
     same = outs["torch attention"] == outs["transformers"] == outs["unpacked"]
     print(f"greedy tokens {'identical' if same else 'DIFFER'} between the three torch settings")
-    # The native kernel rounds bf16 attention differently (float32 inside): greedy
-    # tokens agree until a near-tie is broken the other way.
-    pairs = [
-        (a, b)
-        for ra, rb in zip(outs["written out"], outs["transformers"], strict=True)
-        for a, b in zip(ra, rb, strict=False)
-    ]
-    agree = sum(a == b for a, b in pairs) / max(1, len(pairs))
-    print(f"native kernel's greedy tokens equal to transformers': {agree:.0%}")
+    # The native kernels round bf16 attention differently (float32 inside) and sum the
+    # products in another order: greedy tokens agree until a near-tie breaks the other way.
+    for name, key in (
+        ("written out", "native_agreement"),
+        ("oneDNN products", "attention_agreement"),
+    ):
+        pairs = [
+            (a, b)
+            for ra, rb in zip(outs[name], outs["transformers"], strict=True)
+            for a, b in zip(ra, rb, strict=False)
+        ]
+        result[key] = sum(a == b for a, b in pairs) / max(1, len(pairs))
+        print(f"{name}: greedy tokens equal to transformers': {result[key]:.0%}")
     result["floor_ms"] = floor
     result["identical"] = float(same)
-    result["native_agreement"] = agree
     return result
 
 

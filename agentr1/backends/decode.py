@@ -48,6 +48,15 @@ unless ``native_attention=False``) they are one call a layer that visits only th
 columns up to the new token; it writes the cache's keys exactly as the torch ops do and
 computes the attention in float32 (bf16: one rounding where the torch ops round the
 scores and probabilities too).
+
+A fifth, in bf16 on a CPU with AMX or AVX512-BF16: the RMSNorms, residual adds and SiLU
+gate between the products are ~10 more small ops a layer, and oneDNN's bf16 GEMM reads a
+weight below the memory's rate at decode's few rows. With ``WeightPacks.native``
+(`agentr1.backends.native.DecodeLinear`, which `HFGenerator` loads unless
+``native_linear=False``) the packs are in that kernel's layout and a layer's products
+are four calls with the ops around them fused in (norm -> q|k|v, o + residual, norm ->
+gate|up -> SiLU gate, down + residual; the final norm -> head), each rounded where the
+torch ops round: only the order of the float32 sums in a product differs.
 """
 
 from __future__ import annotations
@@ -60,7 +69,7 @@ import torch
 import torch.nn.functional as F
 
 from agentr1.backends.attention import one_query_attention
-from agentr1.backends.native import DecodeAttention
+from agentr1.backends.native import DecodeAttention, DecodeLinear, LinearPack
 
 MODEL_TYPES = ("llama", "qwen2")
 """Architectures whose decoder layer this pass writes out (both: pre-norm RMSNorm,
@@ -162,6 +171,16 @@ class _Pack:
         return out
 
 
+@dataclass
+class _NativePack:
+    """One product packed for the native bf16 kernel (`DecodeLinear`), biases fused
+    alike; ``key`` as `_Pack`'s."""
+
+    key: tuple[tuple[int, int], ...]
+    weight: LinearPack
+    bias: torch.Tensor | None
+
+
 def _key(tensors: Sequence[torch.Tensor]) -> tuple[tuple[int, int], ...]:
     """What changes when a weight does: its storage (``.to``, a new tensor) or its
     version counter (every in-place write bumps it: an optimizer step, ``copy_``)."""
@@ -176,34 +195,67 @@ class WeightPacks:
 
     rows: int = 8
     """The batch size oneDNN is told to expect (any batch size works)."""
-    packs: dict[str, _Pack] = field(default_factory=dict)
+    packs: dict[str, _Pack | _NativePack] = field(default_factory=dict)
     repacked: int = 0
     """Packs made so far (a first pack or a re-pack after a weight change)."""
+    native: DecodeLinear | None = None
+    """The native bf16 product kernel (`agentr1.backends.native.DecodeLinear`): where it
+    has its fast path, a bf16 pass's products read packs in its layout, with the RMSNorm
+    before and the residual add or SiLU gate after each fused in (`native_linear`);
+    None: oneDNN's packs and torch ops."""
+
+    def fused(self, dtype: torch.dtype, device: torch.device) -> bool:
+        """Whether a pass of ``dtype`` on ``device`` runs its products natively."""
+        return self.native is not None and self.native.fast and self.native.supports(dtype, device)
+
+    def native_linear(
+        self,
+        matmul: _Matmul,
+        x: torch.Tensor,
+        norm: Any = None,
+        residual: torch.Tensor | None = None,
+        glu: bool = False,
+    ) -> torch.Tensor:
+        """``matmul`` of ``norm(x)`` (an RMSNorm module, or None) plus ``residual``, or
+        with ``glu`` the SiLU-gated product of a gate | up weight, by the native kernel
+        from its pack (made again when a source has changed)."""
+        native = self.native
+        if native is None:
+            raise ValueError(f"{matmul.name}: no native product kernel")
+        key = _key(matmul.sources)
+        pack = self.packs.get(matmul.name)
+        if not isinstance(pack, _NativePack) or pack.key != key or pack.weight.glu != glu:
+            self.repacked += 1
+            with torch.no_grad():
+                weight = native.pack(_fused_weight(matmul.weights), glu)
+                pack = _NativePack(key, weight, _fused_bias(matmul))
+            self.packs[matmul.name] = pack
+        return native(
+            x,
+            pack.weight,
+            norm=None if norm is None else norm.weight,
+            eps=0.0 if norm is None else float(norm.variance_epsilon),
+            bias=pack.bias,
+            residual=residual,
+        )
 
     def linear(self, matmul: _Matmul, x: torch.Tensor) -> torch.Tensor:
         """``matmul`` of ``x`` from its pack, made (again) when a source has changed."""
         key = _key(matmul.sources)
         pack = self.packs.get(matmul.name)
-        if pack is None or pack.key != key:
+        if not isinstance(pack, _Pack) or pack.key != key:
             pack = self.packs[matmul.name] = self._pack(key, matmul)
         return pack(x)
 
     def _pack(self, key: tuple[tuple[int, int], ...], matmul: _Matmul) -> _Pack:
-        weights, biases = matmul.weights, matmul.biases
+        weights = matmul.weights
         if not all(packable(t.dtype, t.device) for t in weights):
             kinds = sorted({f"{t.dtype} on {t.device}" for t in weights})
             raise ValueError(f"{matmul.name}: oneDNN cannot pack weights of {', '.join(kinds)}")
         self.repacked += 1
         with torch.no_grad():
-            w = weights[0].detach() if len(weights) == 1 else torch.cat(weights)
-            bias = None
-            if any(b is not None for b in biases):
-                bias = torch.cat(
-                    [
-                        b.detach() if b is not None else w.new_zeros(v.shape[0])
-                        for b, v in zip(biases, weights, strict=True)
-                    ]
-                )
+            w = _fused_weight(weights)
+            bias = _fused_bias(matmul)
             return _Pack(key, torch.ops.mkldnn._reorder_linear_weight(w, self.rows), bias)
 
     def clear(self) -> None:
@@ -212,10 +264,28 @@ class WeightPacks:
 
     def nbytes(self) -> int:
         """Bytes the packs hold."""
-        return sum(
-            p.weight.nbytes + (p.bias.nbytes if p.bias is not None else 0)
-            for p in self.packs.values()
-        )
+        total = 0
+        for p in self.packs.values():
+            total += p.weight.data.nbytes if isinstance(p, _NativePack) else p.weight.nbytes
+            total += p.bias.nbytes if p.bias is not None else 0
+        return total
+
+
+def _fused_weight(weights: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The weights of one product fused along their outputs (no copy for one)."""
+    return weights[0].detach() if len(weights) == 1 else torch.cat([w.detach() for w in weights])
+
+
+def _fused_bias(matmul: _Matmul) -> torch.Tensor | None:
+    """The product's biases fused alike (zeros for a weight without one), or None."""
+    if all(b is None for b in matmul.biases):
+        return None
+    return torch.cat(
+        [
+            b.detach() if b is not None else w.new_zeros(w.shape[0])
+            for b, w in zip(matmul.biases, matmul.weights, strict=True)
+        ]
+    )
 
 
 def _norm_ok(norm: Any) -> bool:
@@ -294,6 +364,10 @@ class DecodePass:
             return None
         return cls(embed, rotary, tuple(layers), norm, _Matmul.of("head", head))
 
+    def norms(self) -> list[Any]:
+        """Every RMSNorm of the pass: each layer's two, then the final one."""
+        return [*(n for x in self.layers for n in (x.input_norm, x.post_norm)), self.norm]
+
     def products(self) -> list[_Matmul]:
         """Every product of the pass: the head, then each layer's four."""
         return [self.head, *(m for x in self.layers for m in (x.qkv, x.o, x.gate_up, x.down))]
@@ -332,11 +406,18 @@ class DecodePass:
             native = None  # the kernel takes one dtype on a CPU; torch ops promote
         attend_BT = mask_BT.to(torch.uint8).contiguous() if native is not None else mask_BT
         blocked: torch.Tensor | None = None  # 0 / -inf over the buffers' columns
+        fused = packs is not None and packs.fused(x_B1H.dtype, x_B1H.device)
+        fused = fused and all(n.weight.dtype == x_B1H.dtype for n in self.norms())
         for layer, cache in zip(self.layers, cache_layers, strict=True):
             Q, K, D = layer.q_heads, layer.kv_heads, layer.head_dim
-            h_B1H = _rms(x_B1H, layer.input_norm.weight, layer.input_norm.variance_epsilon)
             # q | k | v of every head as one product; rotary on the q and k heads at once.
-            qkv_BND = layer.qkv(h_B1H, packs).view(B, -1, D)
+            if fused:
+                assert packs is not None
+                qkv_BND = packs.native_linear(layer.qkv, x_B1H, norm=layer.input_norm)
+            else:
+                h_B1H = _rms(x_B1H, layer.input_norm.weight, layer.input_norm.variance_epsilon)
+                qkv_BND = layer.qkv(h_B1H, packs)
+            qkv_BND = qkv_BND.view(B, -1, D)
             claimed = cache.claim_column() if native is not None else None
             if native is not None and claimed is not None:
                 # rotary, the cache's new column and the attention in one native call
@@ -372,10 +453,20 @@ class DecodePass:
                     layer.scaling,
                 )
                 o_B1X = o_BKGD.reshape(B, 1, -1)
+            if fused:  # the residual adds, the second norm and the SiLU gate inside
+                assert packs is not None
+                x_B1H = packs.native_linear(layer.o, o_B1X, residual=x_B1H)
+                act_B1I = packs.native_linear(layer.gate_up, x_B1H, norm=layer.post_norm, glu=True)
+                x_B1H = packs.native_linear(layer.down, act_B1I, residual=x_B1H)
+                continue
             x_B1H = x_B1H + layer.o(o_B1X, packs)
             h_B1H = _rms(x_B1H, layer.post_norm.weight, layer.post_norm.variance_epsilon)
             gate_B1I, up_B1I = layer.gate_up(h_B1H, packs).chunk(2, dim=-1)
             x_B1H = x_B1H + layer.down(F.silu(gate_B1I) * up_B1I, packs)
-        x_BH = _rms(x_B1H[:, -1], self.norm.weight, self.norm.variance_epsilon)
-        logits_BV = self.head(x_BH, packs)
+        if fused:
+            assert packs is not None
+            logits_BV = packs.native_linear(self.head, x_B1H[:, -1], norm=self.norm)
+        else:
+            x_BH = _rms(x_B1H[:, -1], self.norm.weight, self.norm.variance_epsilon)
+            logits_BV = self.head(x_BH, packs)
         return logits_BV.float()

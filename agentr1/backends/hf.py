@@ -93,7 +93,7 @@ from transformers.cache_utils import DynamicLayer
 from agentr1.backends.attention import use_decode_sdpa
 from agentr1.backends.base import Completion, SamplingParams
 from agentr1.backends.decode import DecodePass, WeightPacks
-from agentr1.backends.native import decode_attention
+from agentr1.backends.native import decode_attention, decode_linear
 
 MIN_COMPACT_ROWS = 2
 """Fewer finished rows are fed padding to the end of the call: dropping them from the
@@ -583,6 +583,11 @@ class HFGenerator:
             attention as one native kernel (`agentr1.backends.native`, built on first use
             with the machine's C++ compiler; torch ops where it cannot be built or the
             dtype / device is not fp32 / bf16 on a CPU).
+        native_linear: a bf16 decode pass on a CPU with AMX or AVX512-BF16 multiplies by
+            weights packed for the native product kernel
+            (`agentr1.backends.native.DecodeLinear`), each layer's norms, residual adds and
+            SiLU gate fused into its four products; needs ``pack_weights_bytes`` room as
+            the oneDNN packs do. Off, or without the kernel: oneDNN's packs and torch ops.
     """
 
     def __init__(
@@ -596,6 +601,7 @@ class HFGenerator:
         fast_decode: bool = True,
         pack_weights_bytes: int = 2 << 30,
         native_attention: bool = True,
+        native_linear: bool = True,
     ) -> None:
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
@@ -613,6 +619,7 @@ class HFGenerator:
         self.fast_decode = fast_decode
         self.pack_weights_bytes = pack_weights_bytes
         self.native_attention = native_attention
+        self.native_linear = native_linear
         self.packs = WeightPacks()
         """The decode pass's packed weights, kept between calls (`WeightPacks`)."""
         self.last_stats = GenerationStats()
@@ -876,11 +883,13 @@ class HFGenerator:
         decode = DecodePass.of(self.model)
         if decode is None:
             return None
-        if self.native_attention and self.model.device.type == "cpu":
+        cpu = self.model.device.type == "cpu"
+        if self.native_attention and cpu:
             decode = replace(decode, attention=decode_attention())
         if decode.linear_bytes() > self.pack_weights_bytes or not decode.packable():
             self.packs.clear()  # the modules' own weights: no copy
             return decode
+        self.packs.native = decode_linear() if self.native_linear and cpu else None
         return replace(decode, packs=self.packs)
 
     def _prefill(

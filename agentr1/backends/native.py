@@ -1,26 +1,37 @@
 """Native kernels for the ``hf`` sampler's decode pass, built on first use.
 
-One kernel so far, `DecodeAttention` (``kernels/decode_attention.cpp``): a decode step's
-rotary embedding, KV-cache write and grouped-query softmax attention for every (row,
-key head) pair in one call a layer, in float32 inside, AVX-512 where the compiler targets
-it and OpenMP across torch's threads. It replaces ~15 torch ops a layer (rotary's four,
-the cache's two writes, the mask, two ``bmm``, the softmax and their views: about a third
-of SmolLM2's bf16 decode pass at 8 rows, `benchmarks/RESULTS.md`, "Native decode
-attention") and visits only the cache columns up to the new token (the torch path reads
-the whole reserved buffer).
+Two kernels, each a C++ source in ``kernels/`` (with the shared ``bf16.h``):
+
+- `DecodeAttention` (``decode_attention.cpp``): a decode step's rotary embedding,
+  KV-cache write and grouped-query softmax attention for every (row, key head) pair in
+  one call a layer, in float32 inside, AVX-512 where the compiler targets it and OpenMP
+  across torch's threads. It replaces ~15 torch ops a layer (rotary's four, the cache's
+  two writes, the mask, two ``bmm``, the softmax and their views: about a third of
+  SmolLM2's bf16 decode pass at 8 rows, `benchmarks/RESULTS.md`, "Native decode
+  attention") and visits only the cache columns up to the new token (the torch path reads
+  the whole reserved buffer).
+- `DecodeLinear` (``decode_linear.cpp``): a bf16 product ``x @ W^T`` from a weight packed
+  once into the kernel's layout (`DecodeLinear.pack`), with an RMSNorm of ``x`` before it
+  and a residual add or a SiLU-gated pair (gate | up) after it fused in, float32 sums
+  rounded once: a decoder layer's four products and the seven small ops around them
+  become four calls. The sums run on AMX tiles where the CPU has them (and the OS lets
+  the process use them), else AVX512-BF16 (`DecodeLinear.isa`); at decode's few rows both
+  read the weight at about the memory's rate. Builds for a CPU with neither compute the
+  same in plain loops, slowly, and say so (`DecodeLinear.fast`): the pass keeps oneDNN's
+  products there.
 
 Building: the machine's C++ compiler (``$CXX``, else ``c++`` / ``g++`` / ``clang++``)
-compiles the source with ``-O3 -march=native`` into ``$AGENTR1_KERNEL_DIR`` (default
-``~/.cache/agentr1/kernels``), under a name hashed from the source, the flags, the
-compiler's version and the CPU's feature flags, so a home directory shared by different
-machines keeps one build per CPU. The build writes a temporary file and renames it (two
-processes building at once both succeed). ``-fopenmp`` links the OpenMP runtime torch has
-already loaded (the same ``libgomp.so.1``), so the kernel's threads are torch's; where
-``-fopenmp`` does not compile the kernel is built single-threaded.
+compiles a source with ``-O3 -march=native`` into ``$AGENTR1_KERNEL_DIR`` (default
+``~/.cache/agentr1/kernels``), under a name hashed from the source and its headers, the
+flags, the compiler's version and the CPU's feature flags, so a home directory shared by
+different machines keeps one build per CPU. The build writes a temporary file and renames
+it (two processes building at once both succeed). ``-fopenmp`` links the OpenMP runtime
+torch has already loaded (the same ``libgomp.so.1``), so the kernel's threads are torch's;
+where ``-fopenmp`` does not compile the kernel is built single-threaded.
 
-Where there is no compiler, the build fails or ``AGENTR1_NATIVE=0`` is set, `
-decode_attention()` returns None (with one warning naming the reason) and the pass keeps
-its torch operations: the same function, rounded differently (`DecodeAttention`).
+Where there is no compiler, the build fails or ``AGENTR1_NATIVE=0`` is set,
+`decode_attention()` / `decode_linear()` return None (with one warning naming the reason)
+and the pass keeps its torch operations: the same functions, rounded differently.
 """
 
 from __future__ import annotations
@@ -34,6 +45,7 @@ import shlex
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +53,9 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).parent / "kernels" / "decode_attention.cpp"
+KERNELS = Path(__file__).parent / "kernels"
+SOURCE = KERNELS / "decode_attention.cpp"
+LINEAR_SOURCE = KERNELS / "decode_linear.cpp"
 OFF_ENV = "AGENTR1_NATIVE"
 """Set to 0 to never build or load native kernels."""
 DIR_ENV = "AGENTR1_KERNEL_DIR"
@@ -109,10 +123,12 @@ def build(
         raise NativeBuildError("no C++ compiler found (set CXX, or install g++ or clang++)")
     out_dir = out_dir or kernel_dir()
     code = source.read_bytes()
+    headers = [h.read_bytes() for h in sorted(source.parent.glob("*.h"))]  # what it includes
     key = hashlib.sha256(
         b"\0".join(
             [
                 code,
+                *headers,
                 " ".join(flags).encode(),
                 _version(cxx).encode(),
                 _cpu_flags().encode(),
@@ -248,19 +264,182 @@ class DecodeAttention:
         return out
 
 
-_LOADED: dict[str, DecodeAttention | None] = {}
+ISAS = ("plain", "avx512_bf16", "amx")
+"""`DecodeLinear.isa`'s names, by the kernel's number for them."""
+
+
+@dataclass(frozen=True)
+class LinearPack:
+    """A bf16 weight ``[out_features, in_features]`` in `DecodeLinear`'s layout; ``glu``:
+    the weight is a gate's rows then an up's, and the product gives ``silu(gate) * up``
+    (``out_features // 2`` columns)."""
+
+    data: torch.Tensor
+    out_features: int
+    in_features: int
+    glu: bool
+
+
+class DecodeLinear:
+    """The loaded ``decode_linear`` kernel: ``linear(x, pack, norm=, eps=, bias=,
+    residual=) -> [..., out]`` for bf16 CPU tensors (module docstring; the arithmetic is
+    in ``kernels/decode_linear.cpp``).
+
+    ``norm`` (a ``[in]`` bf16 weight) applies transformers' RMSNorm to ``x`` first (float32
+    inside, rounded where it rounds); ``residual`` is added to the rounded product; a
+    ``glu`` pack gives ``silu(gate) * up``, each rounded as the torch ops round them. Only
+    the order of the float32 sums differs from ``F.linear``: within a bf16 rounding of
+    the exact product (`tests/unit/test_native.py`).
+    """
+
+    def __init__(self, path: Path) -> None:
+        try:
+            self.lib = ctypes.CDLL(str(path))
+        except OSError as e:
+            raise NativeBuildError(f"cannot load {path}: {e}") from e
+        self.path = path
+        long, int_, ptr = ctypes.c_long, ctypes.c_int, ctypes.c_void_p
+        self.lib.agentr1_linear_isa.restype = int_
+        self.lib.agentr1_linear_isa.argtypes = []
+        self.lib.agentr1_linear_use_amx.restype = int_
+        self.lib.agentr1_linear_use_amx.argtypes = [int_]
+        self.lib.agentr1_packed_size.restype = long
+        self.lib.agentr1_packed_size.argtypes = [long, long, int_]
+        self.lib.agentr1_pack_bf16.restype = None
+        self.lib.agentr1_pack_bf16.argtypes = [ptr, long, long, int_, ptr]
+        fn = self.lib.agentr1_linear_bf16
+        fn.restype = int_
+        fn.argtypes = [ptr, long, long, long, ptr, ctypes.c_float, ptr, long, int_, ptr]
+        fn.argtypes += [ptr, long, ptr, long]
+        self._linear = fn
+
+    @property
+    def isa(self) -> str:
+        """The path calls take: "amx" (tile matrix multiply), "avx512_bf16", or "plain"
+        (loops the compiler vectorises as it can: correct, slow)."""
+        return ISAS[self.lib.agentr1_linear_isa()]
+
+    @property
+    def fast(self) -> bool:
+        """Whether calls run one of the bf16 instruction paths (not the plain loops)."""
+        return self.isa != "plain"
+
+    def use_amx(self, on: bool) -> str:
+        """AMX on (the default where the CPU has it and the OS lets the process use it)
+        or off for this process (the AVX512-BF16 path: tests and benchmarks compare the
+        two on one machine); the path calls take now."""
+        return ISAS[self.lib.agentr1_linear_use_amx(int(on))]
+
+    @staticmethod
+    def supports(dtype: torch.dtype, device: torch.device) -> bool:
+        """Whether the kernel multiplies tensors of ``dtype`` on ``device`` (CPU bf16)."""
+        return device.type == "cpu" and dtype == torch.bfloat16
+
+    def pack(self, weight: torch.Tensor, glu: bool = False) -> LinearPack:
+        """``weight`` ``[out, in]`` (bf16, CPU; ``glu``: gate rows then up rows) packed."""
+        if weight.dim() != 2 or not self.supports(weight.dtype, weight.device):
+            raise ValueError(
+                f"decode linear: a 2-d CPU bfloat16 weight, got {tuple(weight.shape)} "
+                f"{weight.dtype} on {weight.device}"
+            )
+        N, K = weight.shape
+        if glu and N % 2:
+            raise ValueError(f"decode linear: a gate | up weight has an even row count, got {N}")
+        w = weight.detach().contiguous()
+        data = torch.empty(self.lib.agentr1_packed_size(N, K, int(glu)), dtype=torch.bfloat16)
+        self.lib.agentr1_pack_bf16(w.data_ptr(), N, K, int(glu), data.data_ptr())
+        return LinearPack(data, N, K, glu)
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        pack: LinearPack,
+        norm: torch.Tensor | None = None,
+        eps: float = 0.0,
+        bias: torch.Tensor | None = None,
+        residual: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        K = pack.in_features
+        out_cols = pack.out_features // 2 if pack.glu else pack.out_features
+        if x.shape[-1] != K:
+            raise ValueError(
+                f"decode linear: input [..., {x.shape[-1]}] for a weight of {K} inputs"
+            )
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, K)
+        if x2.stride(-1) != 1:
+            x2 = x2.contiguous()
+        M = x2.shape[0]
+        for name, t, size in (("norm", norm, K), ("bias", bias, pack.out_features)):
+            if t is not None and (t.shape != (size,) or not t.is_contiguous()):
+                raise ValueError(f"decode linear: {name} must be a contiguous [{size}]")
+        if pack.glu and (bias is not None or residual is not None):
+            raise ValueError("decode linear: a gate | up product takes no bias or residual")
+        r2 = None
+        if residual is not None:
+            if residual.shape != (*lead, out_cols):
+                raise ValueError(
+                    f"decode linear: residual {tuple(residual.shape)} for an output "
+                    f"{(*lead, out_cols)}"
+                )
+            r2 = residual.reshape(M, out_cols)
+            if r2.stride(-1) != 1:
+                r2 = r2.contiguous()
+        tensors = [t for t in (x2, norm, bias, r2) if t is not None]
+        if any(not self.supports(t.dtype, t.device) for t in tensors):
+            raise ValueError("decode linear: every tensor must be CPU bfloat16")
+        out = torch.empty((M, out_cols), dtype=torch.bfloat16)
+        failed = self._linear(
+            x2.data_ptr(),
+            x2.stride(0),
+            M,
+            K,
+            norm.data_ptr() if norm is not None else None,
+            eps,
+            pack.data.data_ptr(),
+            pack.out_features,
+            int(pack.glu),
+            bias.data_ptr() if bias is not None else None,
+            r2.data_ptr() if r2 is not None else None,
+            r2.stride(0) if r2 is not None else 0,
+            out.data_ptr(),
+            out_cols,
+        )
+        if failed:
+            raise MemoryError("decode linear: the kernel's scratch memory")
+        return out.view(*lead, out_cols)
+
+
+_LOADED: dict[str, Any] = {}
+
+
+def _off() -> bool:
+    return os.environ.get(OFF_ENV, "1").strip().lower() in ("0", "false", "no", "off")
+
+
+def _load(name: str, source: Path, cls: Any) -> Any:
+    """``cls`` of the kernel built from ``source``, once a process; None where native
+    kernels are off or it cannot be built (logged once, with the reason)."""
+    if _off():
+        return None
+    if name not in _LOADED:
+        kernel = None
+        try:
+            kernel = cls(build(source))
+        except NativeBuildError as e:
+            log.warning("native %s unavailable, using torch ops: %s", name.replace("_", " "), e)
+        _LOADED[name] = kernel
+    return _LOADED[name]
 
 
 def decode_attention() -> DecodeAttention | None:
     """The decode-attention kernel, built and loaded once a process; None where native
     kernels are off (`OFF_ENV`) or cannot be built here (logged once, with the reason)."""
-    if os.environ.get(OFF_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
-        return None
-    if "decode_attention" not in _LOADED:
-        kernel: DecodeAttention | None = None
-        try:
-            kernel = DecodeAttention(build())
-        except NativeBuildError as e:
-            log.warning("native decode attention unavailable, using torch ops: %s", e)
-        _LOADED["decode_attention"] = kernel
-    return _LOADED["decode_attention"]
+    kernel: DecodeAttention | None = _load("decode_attention", SOURCE, DecodeAttention)
+    return kernel
+
+
+def decode_linear() -> DecodeLinear | None:
+    """The bf16 product kernel, as `decode_attention` (None: off or not buildable)."""
+    kernel: DecodeLinear | None = _load("decode_linear", LINEAR_SOURCE, DecodeLinear)
+    return kernel

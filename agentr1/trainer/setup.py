@@ -212,6 +212,7 @@ def hf_generator(cfg: Config, model: Any, tokenizer: Any) -> HFGenerator:
         keep_cache_bytes=int(cfg.model.keep_kv_gib * 2**30),
         pack_weights_bytes=int(cfg.model.pack_weights_gib * 2**30),
         native_attention=cfg.model.native_attention,
+        native_linear=cfg.model.native_linear,
     )
 
 

@@ -19,7 +19,7 @@ def test_every_setting_is_timed_and_samples_the_same_tokens(
     argv = ["--model", str(model), "--dtype", "float32", "--rows", "3", "--context", "12"]
     out = decode_pass.main([*argv, "--new", "4", "--rounds", "1"])
     # No timing asserts (a tiny model's pass is noise); all three ran and agree.
-    assert {"written out", "unpacked", "transformers", "floor_ms"} <= set(out)
+    assert {"written out", "oneDNN products", "unpacked", "transformers", "floor_ms"} <= set(out)
     assert out["floor_ms"] > 0 and all(out[k] > 0 for k in ("written out", "unpacked"))
     assert out["identical"] == 1.0
     text = capsys.readouterr().out

@@ -57,9 +57,9 @@ def count_rows(monkeypatch: pytest.MonkeyPatch, cls: Any) -> list[int]:
     calls: list[int] = []
     run = cls.__call__
 
-    def spy(self: Any, first_B: torch.Tensor, *args: Any) -> torch.Tensor:
+    def spy(self: Any, first_B: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         calls.append(first_B.shape[0])
-        return run(self, first_B, *args)
+        return run(self, first_B, *args, **kwargs)
 
     monkeypatch.setattr(cls, "__call__", spy)
     return calls
@@ -129,23 +129,37 @@ def test_the_written_out_pass_samples_what_transformers_forward_does(
         assert a.logprobs == pytest.approx(b.logprobs, rel=2e-5, abs=1e-5)
 
 
+def native_products() -> native.DecodeLinear:
+    """The built product kernel on a fast path, or a skip naming why there is none."""
+    kernel = native.decode_linear()
+    if kernel is None:
+        pytest.skip("no native product kernel here (no C++ compiler, or AGENTR1_NATIVE=0)")
+    if not kernel.fast:
+        pytest.skip("no AMX or AVX512-BF16 on this CPU: the pass keeps oneDNN's products")
+    return kernel
+
+
 @pytest.mark.parametrize("attention", ["native", "torch"])
-@pytest.mark.parametrize("packed", [True, False], ids=["packed", "modules"])
+@pytest.mark.parametrize("products", ["native", "oneDNN", "modules"])
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_one_bf16_step_agrees_and_reads_the_weights_as_they_are_now(
-    name: str, packed: bool, attention: str
+    name: str, products: str, attention: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """In bf16 the logits of one decode step agree with the module path's to bf16
-    rounding, from packed weights or the modules', with the native attention kernel or
-    torch ops; after in-place weight changes (a trainer's update) both see them."""
+    rounding, from the native product kernel's packs, oneDNN's or the modules' weights,
+    with the native attention kernel or torch ops; after in-place weight changes (a
+    trainer's update) all see them."""
+    packed = products != "modules"
     if packed and not decode.packable(torch.bfloat16, torch.device("cpu")):
         pytest.skip("oneDNN cannot pack bf16 weights on this CPU (no bf16 instructions)")
     model = MODELS[name]().to(torch.bfloat16)
     gen = HFGenerator(model)
     pass_ = decode.DecodePass.of(model)
     assert pass_ is not None
+    product_calls = count_rows(monkeypatch, native.DecodeLinear)
     if packed:
-        pass_ = replace(pass_, packs=decode.WeightPacks())
+        kernel = native_products() if products == "native" else None
+        pass_ = replace(pass_, packs=decode.WeightPacks(native=kernel))
     if attention == "native":
         pass_ = replace(pass_, attention=native_kernel())
 
@@ -176,6 +190,9 @@ def test_one_bf16_step_agrees_and_reads_the_weights_as_they_are_now(
     if packed:
         # 9 packs made by the first step; the second re-made the 3 whose weights changed
         assert pass_.packs is not None and pass_.packs.repacked == (4 * 2 + 1) + 3
+    # natively: four calls a layer and the head's, in each of the two fast steps
+    layers = model.config.num_hidden_layers
+    assert product_calls == ([4] * (4 * layers + 1) * 2 if products == "native" else [])
 
 
 def generate_twice(gen: HFGenerator, change: Any) -> tuple[list[Completion], list[Completion]]:
@@ -275,3 +292,24 @@ def test_models_it_does_not_write_out_keep_transformers_forward() -> None:
     assert decode.DecodePass.of(gelu) is None
     params = SamplingParams(max_new_tokens=4, temperature=0.0)
     assert HFGenerator(adapted).generate([[5, 6, 7]], params)[0].token_ids  # still samples
+
+
+def test_a_bf16_generator_multiplies_natively_unless_told_not_to(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`HFGenerator`'s default for a bf16 model on a CPU with the kernel's fast path: the
+    native products; ``native_linear=False``: oneDNN's packs. Both sample (tokens may part
+    where bf16 rounds a near-tie the other way, so only their shapes are compared)."""
+    if not decode.packable(torch.bfloat16, torch.device("cpu")):
+        pytest.skip("oneDNN cannot pack bf16 weights on this CPU (no bf16 instructions)")
+    native_products()
+    model = tiny_llama(vocab_size=VOCAB).to(torch.bfloat16)
+    calls = count_rows(monkeypatch, native.DecodeLinear)
+    params = SamplingParams(max_new_tokens=5, temperature=0.0)
+    ours = HFGenerator(model).generate(PROMPTS, params)
+    passes = 4  # 5 tokens: the prefill's, then four decode passes
+    assert len(calls) == passes * (4 * model.config.num_hidden_layers + 1)
+    calls.clear()
+    theirs = HFGenerator(model, native_linear=False).generate(PROMPTS, params)
+    assert not calls
+    assert [len(c.token_ids) for c in ours] == [len(c.token_ids) for c in theirs]

@@ -274,10 +274,12 @@ def test_build_setup_for_qa_runs_demonstrations_through_the_real_stack(tmp_path:
         "model.keep_kv_gib=0.5",
         "model.pack_weights_gib=0.25",
         "model.native_attention=false",
+        "model.native_linear=false",
     )
     assert setup.generator.keep_cache_bytes == 2**29
     assert setup.generator.pack_weights_bytes == 2**28
     assert setup.generator.native_attention is False
+    assert setup.generator.native_linear is False
     assert setup.task.name == "multihop_qa" and set(setup.tasks) == {"train", "a"}
     assert len(setup.tasks["train"]) == 4
     ((tasks, make_env, gen),) = setup.demo_sources(0)

@@ -31,35 +31,14 @@
 #include <cstring>
 #include <vector>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+#include "bf16.h"
 
 namespace {
 
-using bf16 = uint16_t;
-
-inline float load(float x) { return x; }
-inline float load(bf16 h) {
-    uint32_t u = uint32_t(h) << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-}
-
-// Round to nearest even, as torch's float -> bfloat16 conversion; NaN stays NaN.
-inline bf16 to_bf16(float f) {
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return bf16((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return bf16(u >> 16);
-}
-
-template <typename T> inline T store(float f);
-template <> inline float store<float>(float f) { return f; }
-template <> inline bf16 store<bf16>(float f) { return to_bf16(f); }
-template <typename T> inline float rounded(float f) { return load(store<T>(f)); }
+using agentr1::bf16;
+using agentr1::load;
+using agentr1::rounded;
+using agentr1::store;
 
 // exp(x) for x <= 0 (a score minus its row's maximum): Cephes' range reduction and
 // polynomial (~1 ulp), 0 below -87 where float32's exp underflows. Branch-free.
@@ -80,25 +59,13 @@ inline float exp_nonpositive(float x) {
     return x < -87.0f ? 0.0f : p * two_k;
 }
 
-#if defined(__AVX512F__)
-// 16 values widened to float32.
-template <typename T> inline __m512 load16(const T* p) {
-    if constexpr (sizeof(T) == 4) {
-        return _mm512_loadu_ps(reinterpret_cast<const float*>(p));
-    } else {
-        __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    }
-}
-#endif
-
 // q . k over D for one cached key row; q in float (already rounded to T's precision).
 template <typename T, int D> inline float dot(const float* q, const T* k) {
 #if defined(__AVX512F__)
     if constexpr (D % 16 == 0) {
         __m512 acc[D / 16];
         for (int i = 0; i < D / 16; i++)
-            acc[i] = _mm512_mul_ps(_mm512_loadu_ps(q + 16 * i), load16(k + 16 * i));
+            acc[i] = _mm512_mul_ps(_mm512_loadu_ps(q + 16 * i), agentr1::load16(k + 16 * i));
         for (int w = D / 32; w > 0; w /= 2)
             for (int i = 0; i < w; i++) acc[i] = _mm512_add_ps(acc[i], acc[i + w]);
         return _mm512_reduce_add_ps(acc[0]);
@@ -198,7 +165,7 @@ template <typename T, int D> inline __m128 dot4(const float* q, const T* k) {
 #endif
     for (int i = 0; i < D / 16; i++) {
         const __m512 qv = _mm512_loadu_ps(q + 16 * i);
-        for (int r = 0; r < 4; r++) a[r] = _mm512_fmadd_ps(qv, load16(k + r * D + 16 * i), a[r]);
+        for (int r = 0; r < 4; r++) a[r] = _mm512_fmadd_ps(qv, agentr1::load16(k + r * D + 16 * i), a[r]);
     }
     return reduce4(a[0], a[1], a[2], a[3]);
 }
@@ -214,7 +181,7 @@ inline void weighted_sums(float* out, const float* p, long stride, const T* v, c
     for (long t = 0; t < n; t++) {
         if (!att[t]) continue;
         __m512 row[D / 16];
-        for (int i = 0; i < D / 16; i++) row[i] = load16(v + t * D + 16 * i);
+        for (int i = 0; i < D / 16; i++) row[i] = agentr1::load16(v + t * D + 16 * i);
         for (int g = 0; g < GC; g++) {
             const __m512 pv = _mm512_set1_ps(p[g * stride + t]);
             for (int i = 0; i < D / 16; i++) acc[g][i] = _mm512_fmadd_ps(pv, row[i], acc[g][i]);

@@ -1,0 +1,62 @@
+// bfloat16 <-> float32 for the native decode kernels (agentr1/backends/native.py):
+// torch's rounding (nearest even, NaN kept NaN), scalar and, where the compiler targets
+// AVX-512, 16 lanes at a time.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace agentr1 {
+
+using bf16 = uint16_t;
+
+inline float load(float x) { return x; }
+inline float load(bf16 h) {
+    uint32_t u = uint32_t(h) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+
+// Round to nearest even, as torch's float -> bfloat16 conversion; NaN stays NaN.
+inline bf16 to_bf16(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return bf16((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return bf16(u >> 16);
+}
+
+template <typename T> inline T store(float f);
+template <> inline float store<float>(float f) { return f; }
+template <> inline bf16 store<bf16>(float f) { return to_bf16(f); }
+template <typename T> inline float rounded(float f) { return load(store<T>(f)); }
+
+#if defined(__AVX512F__)
+// 16 values widened to float32.
+template <typename T> inline __m512 load16(const T* p) {
+    if constexpr (sizeof(T) == 4) {
+        return _mm512_loadu_ps(reinterpret_cast<const float*>(p));
+    } else {
+        __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+}
+
+// 16 float32 lanes rounded to bfloat16 as `to_bf16` rounds them (NaN included).
+inline __m256i to_bf16x16(__m512 f) {
+    __m512i u = _mm512_castps_si512(f);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
+    __m512i nan = _mm512_or_si512(u, _mm512_set1_epi32(0x400000));
+    __mmask16 is_nan = _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q);
+    r = _mm512_mask_mov_epi32(r, is_nan, nan);
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
+}
+#endif
+
+}  // namespace agentr1

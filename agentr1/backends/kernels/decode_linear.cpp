@@ -1,0 +1,365 @@
+// The matrix products of the hf sampler's bf16 decode pass (agentr1/backends/native.py),
+// each with what surrounds it in a decoder layer fused in:
+//
+//   out = epilogue(prologue(x) @ W^T + bias)
+//
+//   prologue: none, or RMSNorm: h = to_bf16(norm * to_bf16(x * rsqrt(mean(x^2) + eps))),
+//             float32 inside (transformers' LlamaRMSNorm, rounded where it rounds);
+//   epilogue: the product rounded to bf16, then
+//             - none;
+//             - a residual: to_bf16(residual + product);
+//             - GLU (W is gate | up, N = 2I outputs): to_bf16(to_bf16(silu(gate)) * up)
+//               over the I pairs (out has I columns).
+//
+// The products accumulate in float32 and are rounded once, as oneDNN's bf16 GEMM rounds
+// them; only the order of the float32 sums differs. Three paths compute them, the best
+// this build and CPU have (agentr1_linear_isa):
+//   2  AMX (TDPBF16PS): a tile of up to 16 rows x 32 inputs against 32 inputs x 16
+//      outputs a call, two tiles of outputs a block;
+//   1  AVX512-BF16 (VDPBF16PS: pairs of bf16 products added into float32 lanes), rows
+//      8 at a time in registers against a block;
+//   0  plain loops (correct, slow).
+// W is read once a call whatever the number of rows M: each block of 32 outputs is taken
+// against every row while its weights are in cache, so at decode's few rows the call
+// streams W from memory, and at many rows it is a blocked GEMM.
+//
+// Packed layout (agentr1_pack_bf16): blocks of 32 outputs; for each pair of inputs
+// (2kp, 2kp + 1) a block holds [32 outputs][2 inputs] bf16, so one 64-byte load gives 16
+// outputs' weights for two inputs and one vdpbf16ps multiplies them by a row's two
+// inputs broadcast; 16 such half-rows, 128 bytes apart, are an AMX B tile (16 input
+// pairs x 16 outputs, the pairs interleaved as TDPBF16PS reads them). Plain products:
+// block b holds outputs 32b..32b+31. GLU: block b holds gate outputs 16b..16b+15, then
+// the up outputs with the same indices, so a block's epilogue has both halves of its 16
+// results. K is zero-padded to a multiple of 32 (whole tiles), tails of N with zeros.
+//
+// x [M, K] rows x_sb apart; residual [M, N] rows r_sb apart; out [M, N or I] rows o_sb
+// apart; norm and bias are [K] and [N] (or null). Returns 0; 1 when scratch memory could
+// not be allocated; 2 for an invalid combination (GLU with a bias or an odd N).
+//
+// Built like decode_attention.cpp. AMX needs the kernel's permission to use the tile
+// registers (arch_prctl ARCH_REQ_XCOMP_PERM, asked once a process; torch's oneDNN asks
+// the same): where it is refused the AVX512-BF16 path runs. agentr1_linear_use_amx(0)
+// turns AMX off (tests and benchmarks compare the paths on one machine).
+
+#include <cmath>
+#include <vector>
+
+#include "bf16.h"
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__linux__)
+#define AGENTR1_AMX 1
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+namespace {
+
+using agentr1::bf16;
+using agentr1::load;
+using agentr1::to_bf16;
+
+constexpr int OUT = 32;  // outputs a block
+constexpr int ROWS = 8;  // rows a register block
+
+long blocks_of(long N, int glu) { return glu ? (N / 2 + 15) / 16 : (N + OUT - 1) / OUT; }
+constexpr int TILE_PAIRS = 16;  // input pairs an AMX tile holds (32 inputs)
+long pairs_of(long K) { return ((K + 1) / 2 + TILE_PAIRS - 1) / TILE_PAIRS * TILE_PAIRS; }
+
+// The source row (output index into W) of a block's output j, or -1 for padding.
+long source_row(long b, int j, long N, int glu) {
+    if (!glu) {
+        const long n = b * OUT + j;
+        return n < N ? n : -1;
+    }
+    const long I = N / 2, i = b * 16 + (j & 15);
+    if (i >= I) return -1;
+    return j < 16 ? i : I + i;
+}
+
+// The staged input: rows of 2 * KP bf16 (zero-padded), normalized when norm is given.
+void stage(const bf16* x, long x_sb, long m, long K, long KP, const bf16* norm, float eps,
+           bf16* xs) {
+    const bf16* xr = x + m * x_sb;
+    bf16* dst = xs + m * 2 * KP;
+    if (norm == nullptr) {
+        for (long k = 0; k < K; k++) dst[k] = xr[k];
+    } else {
+        float ss = 0.0f;
+        long k = 0;
+#if defined(__AVX512F__)
+        __m512 acc = _mm512_setzero_ps();
+        for (; k + 16 <= K; k += 16) {
+            const __m512 v = agentr1::load16(xr + k);
+            acc = _mm512_fmadd_ps(v, v, acc);
+        }
+        ss = _mm512_reduce_add_ps(acc);
+#endif
+        for (; k < K; k++) ss += load(xr[k]) * load(xr[k]);
+        const float rstd = 1.0f / std::sqrt(ss / float(K) + eps);
+        for (k = 0; k < K; k++)
+            dst[k] = to_bf16(load(norm[k]) * load(to_bf16(load(xr[k]) * rstd)));
+    }
+    for (long k = K; k < 2 * KP; k++) dst[k] = 0;
+}
+
+#if defined(__AVX512BF16__)
+inline __m512 widen(__m256i h) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// exp(x) on 16 lanes (Cephes' reduction and polynomial, ~1 ulp; x clamped to
+// [-87, 88], where float32's exp neither underflows nor overflows).
+inline __m512 exp16(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+    const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 r = _mm512_add_ps(_mm512_sub_ps(x, _mm512_mul_ps(k, _mm512_set1_ps(0.693359375f))),
+                                   _mm512_mul_ps(k, _mm512_set1_ps(2.12194440e-4f)));
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, k);
+}
+
+inline __m512 rounded16(__m512 v) { return widen(agentr1::to_bf16x16(v)); }
+
+inline __mmask16 tail(long left) {
+    return left >= 16 ? __mmask16(0xffff) : left <= 0 ? __mmask16(0) : __mmask16((1u << left) - 1);
+}
+
+// The epilogue of one row's 32 float32 sums (a block's outputs: lo, hi halves).
+inline void finish16(__m512 lo, __m512 hi, long b, long m, long N, int glu, const bf16* bias,
+                     const bf16* residual, long r_sb, bf16* out, long o_sb) {
+    if (glu) {
+        const long I = N / 2, i0 = b * 16;
+        const __m512 g = rounded16(lo), u = rounded16(hi);
+        const __m512 s = rounded16(_mm512_div_ps(
+            g, _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g)))));
+        _mm256_mask_storeu_epi16(out + m * o_sb + i0, tail(I - i0),
+                                 agentr1::to_bf16x16(_mm512_mul_ps(s, u)));
+        return;
+    }
+    for (int h = 0; h < 2; h++) {
+        const long n0 = b * OUT + 16 * h;
+        const __mmask16 k = tail(N - n0);
+        __m512 v = h ? hi : lo;
+        if (bias) v = _mm512_add_ps(v, widen(_mm256_maskz_loadu_epi16(k, bias + n0)));
+        v = rounded16(v);
+        if (residual)
+            v = _mm512_add_ps(widen(_mm256_maskz_loadu_epi16(k, residual + m * r_sb + n0)), v);
+        _mm256_mask_storeu_epi16(out + m * o_sb + n0, k, agentr1::to_bf16x16(v));
+    }
+}
+
+// R rows (R <= ROWS) against one block: the sums in registers, then the epilogue.
+template <int R>
+void block(const bf16* xs, long KP, const bf16* wp, long b, long m0, long N, int glu,
+           const bf16* bias, const bf16* residual, long r_sb, bf16* out, long o_sb) {
+    __m512 a0[R], a1[R];
+    for (int r = 0; r < R; r++) a0[r] = a1[r] = _mm512_setzero_ps();
+    const int32_t* x32 = reinterpret_cast<const int32_t*>(xs + m0 * 2 * KP);
+    for (long kp = 0; kp < KP; kp++) {
+        const __m512i w0 = _mm512_loadu_si512(wp + kp * 64);
+        const __m512i w1 = _mm512_loadu_si512(wp + kp * 64 + 32);
+        for (int r = 0; r < R; r++) {
+            const __m512i xb = _mm512_set1_epi32(x32[r * KP + kp]);
+            a0[r] = _mm512_dpbf16_ps(a0[r], (__m512bh)w0, (__m512bh)xb);
+            a1[r] = _mm512_dpbf16_ps(a1[r], (__m512bh)w1, (__m512bh)xb);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        finish16(a0[r], a1[r], b, m0 + r, N, glu, bias, residual, r_sb, out, o_sb);
+}
+
+using BlockFn = void (*)(const bf16*, long, const bf16*, long, long, long, int, const bf16*,
+                         const bf16*, long, bf16*, long);
+const BlockFn BLOCKS[ROWS + 1] = {nullptr,  block<1>, block<2>, block<3>, block<4>,
+                                  block<5>, block<6>, block<7>, block<8>};
+
+#if defined(AGENTR1_AMX)
+// The tile registers' layout (palette 1): C0, C1 (R rows x 16 float32), A (R rows x 32
+// bf16), B0, B1 (16 input pairs x 16 outputs x 2).
+struct alignas(64) TileConfig {
+    uint8_t palette = 1;
+    uint8_t start_row = 0;
+    uint8_t reserved[14] = {};
+    uint16_t colsb[16] = {};
+    uint8_t rows[16] = {};
+};
+
+void configure_tiles(int R) {
+    TileConfig c;
+    for (int t = 0; t < 5; t++) {
+        c.colsb[t] = 64;
+        c.rows[t] = uint8_t(t < 3 ? R : TILE_PAIRS);
+    }
+    _tile_loadconfig(&c);
+}
+
+// R rows (R <= 16) against one block by AMX: sums in tiles, stored, then the epilogue.
+void block_amx(const bf16* xs, long KP, const bf16* wp, long b, long m0, int R, long N, int glu,
+               const bf16* bias, const bf16* residual, long r_sb, bf16* out, long o_sb) {
+    alignas(64) float acc[16][OUT];
+    _tile_zero(0);
+    _tile_zero(1);
+    const bf16* x = xs + m0 * 2 * KP;
+    for (long kp = 0; kp < KP; kp += TILE_PAIRS) {
+        _tile_loadd(2, x + 2 * kp, 4 * KP);        // R rows of 32 inputs, 2 * KP bf16 apart
+        _tile_loadd(3, wp + kp * 64, 128);         // outputs 0..15, 16 input pairs
+        _tile_loadd(4, wp + kp * 64 + 32, 128);    // outputs 16..31
+        _tile_dpbf16ps(0, 2, 3);
+        _tile_dpbf16ps(1, 2, 4);
+    }
+    _tile_stored(0, &acc[0][0], OUT * 4);
+    _tile_stored(1, &acc[0][16], OUT * 4);
+    for (int r = 0; r < R; r++)
+        finish16(_mm512_load_ps(acc[r]), _mm512_load_ps(acc[r] + 16), b, m0 + r, N, glu, bias,
+                 residual, r_sb, out, o_sb);
+}
+
+// Whether this process may use the tile registers (asked once).
+bool amx_permitted() {
+    static const bool ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */,
+                                   18 /* XFEATURE_XTILEDATA */) == 0;
+    return ok;
+}
+#endif
+#else
+inline float silu(float g) { return g / (1.0f + std::exp(-g)); }
+
+// The epilogue of one row's 32 float32 sums (a block's outputs), scalar.
+void finish(const float* acc, long b, long m, long N, int glu, const bf16* bias,
+            const bf16* residual, long r_sb, bf16* out, long o_sb) {
+    if (glu) {
+        const long I = N / 2;
+        for (int j = 0; j < 16; j++) {
+            const long i = b * 16 + j;
+            if (i >= I) break;
+            const float g = load(to_bf16(acc[j])), u = load(to_bf16(acc[16 + j]));
+            out[m * o_sb + i] = to_bf16(load(to_bf16(silu(g))) * u);
+        }
+        return;
+    }
+    for (int j = 0; j < OUT; j++) {
+        const long n = b * OUT + j;
+        if (n >= N) break;
+        float v = load(to_bf16(acc[j] + (bias ? load(bias[n]) : 0.0f)));
+        if (residual) v = load(to_bf16(load(residual[m * r_sb + n]) + v));
+        out[m * o_sb + n] = to_bf16(v);
+    }
+}
+
+// The plain loops: the same sums for one block and up to ROWS rows, then `finish`.
+void block_plain(const bf16* xs, long KP, const bf16* wp, long b, long m0, int R, long N, int glu,
+                 const bf16* bias, const bf16* residual, long r_sb, bf16* out, long o_sb) {
+    float acc[ROWS][OUT] = {};
+    for (long kp = 0; kp < KP; kp++) {
+        const bf16* w = wp + kp * 64;
+        for (int r = 0; r < R; r++) {
+            const bf16* xr = xs + (m0 + r) * 2 * KP + 2 * kp;
+            const float x0 = load(xr[0]), x1 = load(xr[1]);
+            for (int j = 0; j < OUT; j++) acc[r][j] += load(w[2 * j]) * x0 + load(w[2 * j + 1]) * x1;
+        }
+    }
+    for (int r = 0; r < R; r++) finish(acc[r], b, m0 + r, N, glu, bias, residual, r_sb, out, o_sb);
+}
+#endif
+
+bool amx_on = true;  // agentr1_linear_use_amx
+
+// The path a call takes: 2 AMX, 1 AVX512-BF16, 0 plain loops.
+int isa() {
+#if defined(AGENTR1_AMX)
+    if (amx_on && amx_permitted()) return 2;
+#endif
+#if defined(__AVX512BF16__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+}  // namespace
+
+extern "C" int agentr1_linear_isa() { return isa(); }
+
+// AMX on (1, the default, where the CPU has it and the process may use it) or off (0);
+// returns the path calls take now.
+extern "C" int agentr1_linear_use_amx(int on) {
+    amx_on = on != 0;
+    return isa();
+}
+
+// Elements of the packed weight for N outputs of K inputs.
+extern "C" long agentr1_packed_size(long N, long K, int glu) {
+    return blocks_of(N, glu) * pairs_of(K) * 64;
+}
+
+// W [N, K] (row-major; GLU: the gate's I rows, then the up's) into the packed layout.
+extern "C" void agentr1_pack_bf16(const bf16* w, long N, long K, int glu, bf16* out) {
+    const long nb = blocks_of(N, glu), KP = pairs_of(K);
+#pragma omp parallel for schedule(static)
+    for (long b = 0; b < nb; b++) {
+        bf16* o = out + b * KP * 64;
+        for (int j = 0; j < OUT; j++) {
+            const long n = source_row(b, j, N, glu);
+            for (long k = 0; k < 2 * KP; k++)
+                o[(k / 2) * 64 + 2 * j + (k % 2)] = (n >= 0 && k < K) ? w[n * K + k] : bf16(0);
+        }
+    }
+}
+
+extern "C" int agentr1_linear_bf16(const bf16* x, long x_sb, long M, long K, const bf16* norm,
+                                   float eps, const bf16* wp, long N, int glu, const bf16* bias,
+                                   const bf16* residual, long r_sb, bf16* out, long o_sb) {
+    if (glu && (bias != nullptr || residual != nullptr || N % 2)) return 2;
+    const long KP = pairs_of(K), nb = blocks_of(N, glu);
+    thread_local std::vector<bf16> staged;
+    try {
+        staged.resize(size_t(M) * size_t(2 * KP));
+    } catch (...) {
+        return 1;
+    }
+    bf16* xs = staged.data();
+    const int path = isa();
+#pragma omp parallel
+    {
+#pragma omp for schedule(static)
+        for (long m = 0; m < M; m++) stage(x, x_sb, m, K, KP, norm, eps, xs);
+#if defined(AGENTR1_AMX)
+        if (path == 2) {
+            // Tile shapes are per thread: one configuration per row count (M <= 16: one).
+            int configured = 0;
+#pragma omp for schedule(static)
+            for (long b = 0; b < nb; b++) {
+                for (long m0 = 0; m0 < M; m0 += TILE_PAIRS) {
+                    const int R = int(M - m0 < TILE_PAIRS ? M - m0 : TILE_PAIRS);
+                    if (R != configured) configure_tiles(configured = R);
+                    block_amx(xs, KP, wp + b * KP * 64, b, m0, R, N, glu, bias, residual, r_sb,
+                              out, o_sb);
+                }
+            }
+            if (configured) _tile_release();
+        }
+#endif
+        if (path < 2) {
+#pragma omp for schedule(static)
+            for (long b = 0; b < nb; b++) {
+                const bf16* wb = wp + b * KP * 64;
+                for (long m0 = 0; m0 < M; m0 += ROWS) {
+                    const int R = int(M - m0 < ROWS ? M - m0 : ROWS);
+#if defined(__AVX512BF16__)
+                    BLOCKS[R](xs, KP, wb, b, m0, N, glu, bias, residual, r_sb, out, o_sb);
+#else
+                    block_plain(xs, KP, wb, b, m0, R, N, glu, bias, residual, r_sb, out, o_sb);
+#endif
+                }
+            }
+        }
+    }
+    return 0;
+}
