@@ -8,7 +8,9 @@ that and ``pack_weights_bytes=0``; ``fast_decode=False``) over ``--rounds`` roun
 padded chunk of prompts (``--rows`` rows of about ``--context`` tokens, each row's length
 a little different) and reports the median milliseconds a decode pass (the generator's own
 clock of a call's decode passes, sampling included: `GenerationStats.decode_s`) against the
-pass's bandwidth floor (every weight and the KV cache read once at ``--copy-gbs``).
+pass's bandwidth floor (every weight and the KV cache read once at ``--copy-gbs``), and
+the median prefill of the chunk (`GenerationStats.prefill_s`: with native products the
+written-out pass prefills too, elsewhere transformers' forward does).
 
     .venv/bin/python benchmarks/decode_pass.py                     # SmolLM2-135M's shape, bf16, 8 rows
     .venv/bin/python benchmarks/decode_pass.py --model runs/demo/final_model --dtype float32 \\
@@ -101,6 +103,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         "transformers": HFGenerator(model, fast_decode=False),
     }
     runs: dict[str, list[float]] = {name: [] for name in gens}
+    prefills: dict[str, list[float]] = {name: [] for name in gens}
     outs: dict[str, list[list[int]]] = {}
     for _ in range(args.rounds):
         for name, gen in gens.items():
@@ -109,14 +112,17 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             )
             outs[name] = [c.token_ids for c in done]
             runs[name].append(gen.last_stats.ms_per_decode_pass)
+            prefills[name].append(gen.last_stats.prefill_s * 1e3)
     size = torch.finfo(dtype).bits // 8
     floor = floor_ms(model, args.rows, args.context + args.new / 2, size, args.copy_gbs)
     result = {name: statistics.median(ms) for name, ms in runs.items()}
     for name, ms in result.items():
         print(
             f"{name:>15}: {ms:.2f} ms a pass (rounds {min(runs[name]):.2f}-"
-            f"{max(runs[name]):.2f}), floor {floor:.2f} ms: {floor / ms:.0%} of it"
+            f"{max(runs[name]):.2f}), floor {floor:.2f} ms: {floor / ms:.0%} of it; "
+            f"prefill {statistics.median(prefills[name]):.0f} ms"
         )
+        result[f"{name} prefill_ms"] = statistics.median(prefills[name])
     same = outs["torch attention"] == outs["transformers"] == outs["unpacked"]
     print(f"greedy tokens {'identical' if same else 'DIFFER'} between the three torch settings")
     # The native kernels round bf16 attention differently (float32 inside) and sum the

@@ -372,6 +372,18 @@ class DecodePass:
         """Every product of the pass: the head, then each layer's four."""
         return [self.head, *(m for x in self.layers for m in (x.qkv, x.o, x.gate_up, x.down))]
 
+    def fused(self, dtype: torch.dtype, device: torch.device) -> bool:
+        """Whether a pass of ``dtype`` on ``device`` runs its products natively, the norms,
+        residual adds and SiLU gate fused in (`WeightPacks.native`); where it does, the
+        pass is also the ``hf`` sampler's prefill (faster than transformers' forward
+        there; elsewhere the same or slower, so the prefill keeps that forward)."""
+        packs = self.packs
+        return (
+            packs is not None
+            and packs.fused(dtype, device)
+            and all(n.weight.dtype == dtype for n in self.norms())
+        )
+
     def packable(self) -> bool:
         """Whether every weight of the pass's products can be packed (`packable`)."""
         return all(packable(w.dtype, w.device) for m in self.products() for w in m.weights)
@@ -383,49 +395,52 @@ class DecodePass:
 
     def __call__(
         self,
-        tokens_B1: torch.Tensor,
+        tokens_BS: torch.Tensor,
         mask_BT: torch.Tensor,
-        position_ids_B1: torch.Tensor,
+        position_ids_BS: torch.Tensor,
         cache_layers: list[Any],
     ) -> torch.Tensor:
-        """Feed one token a row at ``position_ids_B1``; ``mask_BT`` covers the cache's
-        filled columns plus this one (1 = attend); ``cache_layers`` are the cache's
-        `ReservedLayer` s, one per decoder layer, each written in place."""
+        """Feed S tokens a row at ``position_ids_BS`` (S = 1: a decode step; more: a
+        prefill, each row left-padded); ``mask_BT`` covers the cache's filled columns
+        plus these S (1 = attend); ``cache_layers`` are the cache's `ReservedLayer` s, one
+        per decoder layer, each written in place. Float32 logits of every row's last
+        position. [B, V]"""
         packs = self.packs
-        x_B1H = F.embedding(tokens_B1, self.embed.weight)
-        cos, sin = self.rotary(x_B1H, position_ids_B1)  # [B, 1, D]: broadcast over heads
+        B, S = tokens_BS.shape
+        x_BSH = F.embedding(tokens_BS, self.embed.weight)
+        cos, sin = self.rotary(x_BSH, position_ids_BS)  # [B, S, D]
         # transformers' rotate_half(x) * sin is cat(-x2, x1) * sin: the same products as
         # roll(x) * cat(-sin1, sin2) (negation is exact), two ops a layer instead of five.
         half = sin.shape[-1] // 2
         sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
-        B, T = mask_BT.shape
-        native = self.attention
+        cos, sin = cos[:, :, None], sin[:, :, None]  # [B, S, 1, D]: over the heads
+        native = self.attention if S == 1 else None
         if native is not None and (
-            not native.supports(x_B1H.dtype, x_B1H.device) or cos.dtype != x_B1H.dtype
+            not native.supports(x_BSH.dtype, x_BSH.device) or cos.dtype != x_BSH.dtype
         ):
             native = None  # the kernel takes one dtype on a CPU; torch ops promote
         attend_BT = mask_BT.to(torch.uint8).contiguous() if native is not None else mask_BT
         blocked: torch.Tensor | None = None  # 0 / -inf over the buffers' columns
-        fused = packs is not None and packs.fused(x_B1H.dtype, x_B1H.device)
-        fused = fused and all(n.weight.dtype == x_B1H.dtype for n in self.norms())
+        seen_B1ST = _prefill_mask(mask_BT, S) if S > 1 else None  # the same every layer
+        fused = self.fused(x_BSH.dtype, x_BSH.device)
         for layer, cache in zip(self.layers, cache_layers, strict=True):
             Q, K, D = layer.q_heads, layer.kv_heads, layer.head_dim
             # q | k | v of every head as one product; rotary on the q and k heads at once.
             if fused:
                 assert packs is not None
-                qkv_BND = packs.native_linear(layer.qkv, x_B1H, norm=layer.input_norm)
+                qkv_BSND = packs.native_linear(layer.qkv, x_BSH, norm=layer.input_norm)
             else:
-                h_B1H = _rms(x_B1H, layer.input_norm.weight, layer.input_norm.variance_epsilon)
-                qkv_BND = layer.qkv(h_B1H, packs)
-            qkv_BND = qkv_BND.view(B, -1, D)
+                h_BSH = _rms(x_BSH, layer.input_norm.weight, layer.input_norm.variance_epsilon)
+                qkv_BSND = layer.qkv(h_BSH, packs)
+            qkv_BSND = qkv_BSND.view(B, S, -1, D)
             claimed = cache.claim_column() if native is not None else None
             if native is not None and claimed is not None:
                 # rotary, the cache's new column and the attention in one native call
                 keys_BKCD, values_BKCD, n = claimed
-                o_B1X = native(
-                    qkv_BND,
-                    cos[:, 0],
-                    sin[:, 0],
+                o_BSX = native(
+                    qkv_BSND[:, 0],
+                    cos[:, 0, 0],
+                    sin[:, 0, 0],
                     keys_BKCD,
                     values_BKCD,
                     n,
@@ -435,38 +450,79 @@ class DecodePass:
                     layer.scaling,
                 ).view(B, 1, -1)
             else:
-                qk_BND = qkv_BND[:, : Q + K]
-                qk_BND = qk_BND * cos + qk_BND.roll(half, -1) * sin
+                qk_BSND = qkv_BSND[:, :, : Q + K]
+                qk_BSND = qk_BSND * cos + qk_BSND.roll(half, -1) * sin
                 keys_BKCD, values_BKCD = cache.append(
-                    qk_BND[:, Q:, None], qkv_BND[:, Q + K :, None]
+                    qk_BSND[:, :, Q:].transpose(1, 2), qkv_BSND[:, :, Q + K :].transpose(1, 2)
                 )
-                if blocked is None:  # the buffers' width, the same for every layer of a call
-                    C = keys_BKCD.shape[-2]
-                    attend = F.pad(mask_BT.bool(), (0, C - T))[:, None, None, :]
-                    blocked = torch.zeros_like(attend, dtype=torch.float32)
-                    blocked = blocked.masked_fill_(~attend, float("-inf"))
-                o_BKGD = one_query_attention(
-                    qk_BND[:, :Q].reshape(B, K, -1, D),
-                    keys_BKCD,
-                    values_BKCD,
-                    blocked,
-                    layer.scaling,
-                )
-                o_B1X = o_BKGD.reshape(B, 1, -1)
+                q_BQSD = qk_BSND[:, :, :Q].transpose(1, 2)
+                if seen_B1ST is not None:
+                    o_BSX = _prefill_attention(
+                        q_BQSD, keys_BKCD, values_BKCD, seen_B1ST, layer.scaling
+                    )
+                else:
+                    if blocked is None:  # the buffers' width, the same for every layer
+                        C = keys_BKCD.shape[-2]
+                        attend = F.pad(mask_BT.bool(), (0, C - mask_BT.shape[1]))
+                        blocked = torch.zeros_like(attend[:, None, None, :], dtype=torch.float32)
+                        blocked = blocked.masked_fill_(~attend[:, None, None, :], float("-inf"))
+                    o_BKGD = one_query_attention(
+                        q_BQSD.reshape(B, K, -1, D),
+                        keys_BKCD,
+                        values_BKCD,
+                        blocked,
+                        layer.scaling,
+                    )
+                    o_BSX = o_BKGD.reshape(B, 1, -1)
             if fused:  # the residual adds, the second norm and the SiLU gate inside
                 assert packs is not None
-                x_B1H = packs.native_linear(layer.o, o_B1X, residual=x_B1H)
-                act_B1I = packs.native_linear(layer.gate_up, x_B1H, norm=layer.post_norm, glu=True)
-                x_B1H = packs.native_linear(layer.down, act_B1I, residual=x_B1H)
+                x_BSH = packs.native_linear(layer.o, o_BSX, residual=x_BSH)
+                act_BSI = packs.native_linear(layer.gate_up, x_BSH, norm=layer.post_norm, glu=True)
+                x_BSH = packs.native_linear(layer.down, act_BSI, residual=x_BSH)
                 continue
-            x_B1H = x_B1H + layer.o(o_B1X, packs)
-            h_B1H = _rms(x_B1H, layer.post_norm.weight, layer.post_norm.variance_epsilon)
-            gate_B1I, up_B1I = layer.gate_up(h_B1H, packs).chunk(2, dim=-1)
-            x_B1H = x_B1H + layer.down(F.silu(gate_B1I) * up_B1I, packs)
+            x_BSH = x_BSH + layer.o(o_BSX, packs)
+            h_BSH = _rms(x_BSH, layer.post_norm.weight, layer.post_norm.variance_epsilon)
+            gate_BSI, up_BSI = layer.gate_up(h_BSH, packs).chunk(2, dim=-1)
+            x_BSH = x_BSH + layer.down(F.silu(gate_BSI) * up_BSI, packs)
         if fused:
             assert packs is not None
-            logits_BV = packs.native_linear(self.head, x_B1H[:, -1], norm=self.norm)
+            logits_BV = packs.native_linear(self.head, x_BSH[:, -1], norm=self.norm)
         else:
-            x_BH = _rms(x_B1H[:, -1], self.norm.weight, self.norm.variance_epsilon)
+            x_BH = _rms(x_BSH[:, -1], self.norm.weight, self.norm.variance_epsilon)
             logits_BV = self.head(x_BH, packs)
         return logits_BV.float()
+
+
+def _prefill_mask(mask_BT: torch.Tensor, S: int) -> torch.Tensor:
+    """Which columns each of S new queries a row sees (T = the columns before them + S):
+    those the mask has that are not after the query. A query always sees its own
+    column, so a padding query (its column masked) attends to itself instead of to
+    nothing (NaN); its output is never read. [B, 1, S, T]"""
+    T = mask_BT.shape[1]
+    col_T = torch.arange(T, device=mask_BT.device)
+    row_S = torch.arange(T - S, T, device=mask_BT.device)
+    seen_BST = (col_T[None, :] <= row_S[:, None]) & mask_BT.bool()[:, None, :]
+    return (seen_BST | (col_T[None, :] == row_S[:, None]))[:, None]
+
+
+def _prefill_attention(
+    q_BQSD: torch.Tensor,
+    keys_BKCD: torch.Tensor,
+    values_BKCD: torch.Tensor,
+    seen_B1ST: torch.Tensor,
+    scaling: float,
+) -> torch.Tensor:
+    """Attention of S new queries a row over the first T columns of the buffers, as
+    ``seen_B1ST`` (`_prefill_mask`) lets them, each query heads' group sharing its key
+    head. [B, S, Q x D]"""
+    B, Q, S, D = q_BQSD.shape
+    T = seen_B1ST.shape[-1]
+    o_BQSD = F.scaled_dot_product_attention(
+        q_BQSD,
+        keys_BKCD[:, :, :T],
+        values_BKCD[:, :, :T],
+        attn_mask=seen_B1ST,
+        scale=scaling,
+        enable_gqa=True,
+    )
+    return o_BQSD.transpose(1, 2).reshape(B, S, Q * D)

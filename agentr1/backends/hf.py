@@ -791,10 +791,12 @@ class HFGenerator:
             laid_out = max(len(p) for p in prompts)
         t_prefill = time.perf_counter()
         cache = _new_cache(self.model, reserve=laid_out + longest)
+        decode = self._decode_pass(cache)
+        prefill = self._prefill_pass(decode)
         if use_kept is not None:
-            logits_BV, mask_BT = self._prefill_kept(prompts, use_kept, cache)
+            logits_BV, mask_BT = self._prefill_kept(prompts, use_kept, cache, prefill)
         else:
-            logits_BV, mask_BT = self._prefill(prompts, cache)
+            logits_BV, mask_BT = self._prefill(prompts, cache, prefill)
         t_decode = time.perf_counter()
         self.last_stats.prefill_s += t_decode - t_prefill
         prefill_mask_BT = mask_BT
@@ -805,7 +807,6 @@ class HFGenerator:
         next_pos_B1 = mask_BT.sum(dim=-1, keepdim=True)  # position of the next token per row
         stop_ids = set(params.stop_token_ids)
         can_compact = self.compact and cache_layers_kv(cache) is not None
-        decode = self._decode_pass(cache)
 
         tokens: list[list[int]] = [[] for _ in range(n)]
         logprobs: list[list[float]] = [[] for _ in range(n)]
@@ -861,22 +862,25 @@ class HFGenerator:
 
     def _decode_step(
         self,
-        feed_B1: torch.Tensor,
+        feed_BS: torch.Tensor,
         mask_BT: torch.Tensor,
-        position_ids_B1: torch.Tensor,
+        position_ids_BS: torch.Tensor,
         cache: DynamicCache,
         decode: DecodePass | None,
     ) -> torch.Tensor:
-        """One decode pass (one token a row): ``decode`` when there is one, else
-        transformers' forward; float32 logits ``[B, V]``."""
+        """One pass over S tokens a row (a decode step: one; a prefill: the prompts'
+        left-padded rest): ``decode`` when there is one, else transformers' forward;
+        float32 logits of the last column ``[B, V]``."""
         if decode is None:
-            return self._forward(feed_B1, mask_BT, position_ids_B1, cache)
+            return self._forward(feed_BS, mask_BT, position_ids_BS, cache)
         self.last_stats.forward_passes += 1
-        return decode(feed_B1, mask_BT, position_ids_B1, cache.layers)
+        return decode(feed_BS, mask_BT, position_ids_BS, cache.layers)
 
     def _decode_pass(self, cache: DynamicCache) -> DecodePass | None:
-        """The written-out decode pass for this call, when it is on, the model qualifies
-        and every cache layer is a `ReservedLayer` (None: transformers' forward)."""
+        """The written-out pass for this call's decode steps (and its prefill, where the
+        pass's products are native: `DecodePass.fused`), when it is on, the model
+        qualifies and every cache layer is a `ReservedLayer` (None: transformers'
+        forward)."""
         layers = getattr(cache, "layers", None)
         if not self.fast_decode or not layers or any(type(x) is not ReservedLayer for x in layers):
             return None
@@ -892,28 +896,40 @@ class HFGenerator:
         self.packs.native = decode_linear() if self.native_linear and cpu else None
         return replace(decode, packs=self.packs)
 
+    def _prefill_pass(self, decode: DecodePass | None) -> DecodePass | None:
+        """The call's decode pass where its products are native (`DecodePass.fused`):
+        there the written-out prefill beats transformers' forward; elsewhere (None) the
+        prefill keeps that forward."""
+        model = self.model
+        return decode if decode is not None and decode.fused(model.dtype, model.device) else None
+
     def _prefill(
-        self, prompts: list[list[int]], cache: DynamicCache
+        self, prompts: list[list[int]], cache: DynamicCache, decode: DecodePass | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Prefill whole prompts (a shared prefix once); return ``(logits_BV, mask_BT)``."""
+        """Prefill whole prompts (a shared prefix once) through ``decode`` or (None)
+        transformers' forward; return ``(logits_BV, mask_BT)``."""
         device = self.model.device
         P = common_prefix_len(prompts) if self.share_prefix and len(prompts) > 1 else 0
         P = min(P, min(len(p) for p in prompts) - 1)  # every row keeps a token to prefill
         if P < MIN_SHARED_PREFIX:
             ids_BT, mask_BT, position_ids_BT = left_pad(prompts, self.pad_id, device)
-            return self._forward(ids_BT, mask_BT, position_ids_BT, cache), mask_BT
+            return self._decode_step(ids_BT, mask_BT, position_ids_BT, cache, decode), mask_BT
         ones_1P = torch.ones((1, P), dtype=torch.long, device=device)
         prefix_1P = torch.tensor([prompts[0][:P]], dtype=torch.long, device=device)
         positions_1P = torch.arange(P, device=device)[None]
-        self._forward(prefix_1P, ones_1P, positions_1P, cache)
+        self._decode_step(prefix_1P, ones_1P, positions_1P, cache, decode)
         cache.batch_repeat_interleave(len(prompts))
         ids_BT, rest_mask_BT, rest_pos_BT = left_pad([p[P:] for p in prompts], self.pad_id, device)
         mask_BT = torch.cat([ones_1P.expand(len(prompts), P), rest_mask_BT], dim=-1)
         self.last_stats.shared_prefix_tokens += P * (len(prompts) - 1)
-        return self._forward(ids_BT, mask_BT, rest_pos_BT + P, cache), mask_BT
+        return self._decode_step(ids_BT, mask_BT, rest_pos_BT + P, cache, decode), mask_BT
 
     def _prefill_kept(
-        self, prompts: list[list[int]], kept: list[KeptRow | None], cache: DynamicCache
+        self,
+        prompts: list[list[int]],
+        kept: list[KeptRow | None],
+        cache: DynamicCache,
+        decode: DecodePass | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Prefill only what follows each row's kept cache: the cache holds padding | kept
         (C columns), the forward feeds padding | suffix; rows without one feed it all."""
@@ -938,7 +954,7 @@ class HFGenerator:
         mask_BT = torch.cat([kept_mask_BC, new_mask_BT], dim=-1)
         position_ids_BT = new_pos_BT + torch.tensor(lens_B, device=device)[:, None]
         self.last_stats.kept_tokens += sum(lens_B)
-        return self._forward(ids_BT, mask_BT, position_ids_BT, cache), mask_BT
+        return self._decode_step(ids_BT, mask_BT, position_ids_BT, cache, decode), mask_BT
 
     def _keep_rows(
         self,

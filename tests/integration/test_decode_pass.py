@@ -52,22 +52,31 @@ MODELS = {
 }
 
 
-def count_rows(monkeypatch: pytest.MonkeyPatch, cls: Any) -> list[int]:
-    """Rows (the first argument's first dimension) of every call of ``cls`` from here on."""
-    calls: list[int] = []
+def count_calls(
+    monkeypatch: pytest.MonkeyPatch, cls: Any, key: Any = lambda t: t.shape[0]
+) -> list[Any]:
+    """``key`` of the first argument (default: its rows) of every call of ``cls`` from
+    here on."""
+    calls: list[Any] = []
     run = cls.__call__
 
-    def spy(self: Any, first_B: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        calls.append(first_B.shape[0])
-        return run(self, first_B, *args, **kwargs)
+    def spy(self: Any, first: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        calls.append(key(first))
+        return run(self, first, *args, **kwargs)
 
     monkeypatch.setattr(cls, "__call__", spy)
     return calls
 
 
-def count_passes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Rows of every `DecodePass` call from here on."""
-    return count_rows(monkeypatch, decode.DecodePass)
+def count_rows(monkeypatch: pytest.MonkeyPatch, cls: Any) -> list[int]:
+    """Rows of every call of ``cls`` from here on."""
+    return count_calls(monkeypatch, cls)
+
+
+def count_passes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """``(rows, tokens a row)`` of every `DecodePass` call from here on: one token a row
+    for a decode step, the prompts' for a prefill."""
+    return count_calls(monkeypatch, decode.DecodePass, key=lambda t: tuple(t.shape))
 
 
 def count_native(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -102,22 +111,33 @@ def two_turns(gen: HFGenerator, params: SamplingParams) -> list[Completion]:
     ids=["greedy", "seed", "row_seeds"],
 )
 @pytest.mark.parametrize("attention", ["native", "torch"])
+@pytest.mark.parametrize("prefill", ["pass", "transformers"])
 def test_the_written_out_pass_samples_what_transformers_forward_does(
-    name: str, params: SamplingParams, attention: str, monkeypatch: pytest.MonkeyPatch
+    name: str, params: SamplingParams, attention: str, prefill: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """In fp32 every token and log-prob as through transformers' forward, with padding,
+    a shared prefix, kept caches and compaction; the prefill through the pass too (what a
+    bf16 pass with native products does) or through transformers' forward (fp32's way)."""
     model = MODELS[name]()
     native_calls = count_native(monkeypatch)
     if attention == "native":
         native_kernel()
+    if prefill == "pass":
+        monkeypatch.setattr(HFGenerator, "_prefill_pass", lambda self, decode: decode)
     # Rows finish apart (a stop token, caps of their own): the batch compacts.
     params = replace(params, stop_token_ids=(9,), row_max_new_tokens=(10, 3, 6, 2))
     calls = count_passes(monkeypatch)
     ours = two_turns(HFGenerator(model, native_attention=attention == "native"), params)
-    assert calls and min(calls) < len(PROMPTS)  # the pass ran, on compacted batches too
-    # the native run called the kernel once a layer of every pass (the same rows), the
-    # torch run never
+    steps = [rows for rows, tokens in calls if tokens == 1]
+    assert steps and min(steps) < len(PROMPTS)  # the pass ran, on compacted batches too
+    # the pass prefilled too (or not): the first call's prompts, the second call's after
+    # the kept caches
+    prefills = [c for c in calls if c[1] > 1]
+    assert prefills == ([(4, 9), (4, 3)] if prefill == "pass" else [])
+    # the native run called the kernel once a layer of every decode step (the same
+    # rows), the torch run never
     layers = model.config.num_hidden_layers
-    expected = [rows for rows in calls for _ in range(layers)] if attention == "native" else []
+    expected = [rows for rows in steps for _ in range(layers)] if attention == "native" else []
     assert native_calls == expected
     calls.clear()
     theirs = two_turns(HFGenerator(model, fast_decode=False), params)
@@ -145,8 +165,8 @@ def native_products() -> native.DecodeLinear:
 def test_one_bf16_step_agrees_and_reads_the_weights_as_they_are_now(
     name: str, products: str, attention: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """In bf16 the logits of one decode step agree with the module path's to bf16
-    rounding, from the native product kernel's packs, oneDNN's or the modules' weights,
+    """In bf16 the logits of a prefill and of one decode step agree with the module
+    path's to bf16 rounding, from the native product kernel's packs, oneDNN's or the modules' weights,
     with the native attention kernel or torch ops; after in-place weight changes (a
     trainer's update) all see them."""
     packed = products != "modules"
@@ -163,36 +183,36 @@ def test_one_bf16_step_agrees_and_reads_the_weights_as_they_are_now(
     if attention == "native":
         pass_ = replace(pass_, attention=native_kernel())
 
-    def step(fast: bool) -> torch.Tensor:
+    def step(fast: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """The logits of a prefill of PROMPTS and of one decode step after it."""
         cache = hf._new_cache(model, reserve=16)
         ids, mask, pos = hf.left_pad(PROMPTS, 0, torch.device("cpu"))
+        run = (lambda *a: pass_(*a[:3], cache.layers)) if fast else gen._forward
         with torch.inference_mode():
-            gen._forward(ids, mask, pos, cache)
+            prefill = run(ids, mask, pos, cache)
             feed = torch.tensor([[3], [4], [5], [6]])
             mask = torch.cat([mask, torch.ones(4, 1, dtype=mask.dtype)], dim=1)
             nxt = mask.sum(-1, keepdim=True) - 1
-            if fast:
-                return pass_(feed, mask, nxt, cache.layers)
-            return gen._forward(feed, mask, nxt, cache)
+            return prefill, run(feed, mask, nxt, cache)
 
     # The native kernel rounds a bf16 attention once (float32 inside), the module path its
     # scores and probabilities too: each is 1-3% of the logits' scale from the same model
     # in fp32 here (both about equally far), so the two may be twice that apart.
     tol = 0.04 if attention == "native" else 0.02
     for _ in range(2):
-        ours, theirs = step(True), step(False)
-        scale = theirs.abs().max()
-        assert (ours - theirs).abs().max() <= tol * scale
+        for ours, theirs in zip(step(True), step(False), strict=True):
+            scale = theirs.abs().max()
+            assert (ours - theirs).abs().max() <= tol * scale
         with torch.no_grad():  # both must see the changes
             model.get_output_embeddings().weight.mul_(-1.0)
             model.model.layers[0].self_attn.k_proj.weight.mul_(3.0)
             model.model.layers[-1].mlp.up_proj.weight.add_(0.5)
     if packed:
-        # 9 packs made by the first step; the second re-made the 3 whose weights changed
+        # 9 packs made by the first prefill; the second re-made the 3 whose weights changed
         assert pass_.packs is not None and pass_.packs.repacked == (4 * 2 + 1) + 3
-    # natively: four calls a layer and the head's, in each of the two fast steps
+    # natively: four calls a layer and the head's, in each of the four fast passes
     layers = model.config.num_hidden_layers
-    assert product_calls == ([4] * (4 * layers + 1) * 2 if products == "native" else [])
+    assert product_calls == ([4] * (4 * layers + 1) * 4 if products == "native" else [])
 
 
 def generate_twice(gen: HFGenerator, change: Any) -> tuple[list[Completion], list[Completion]]:
@@ -307,9 +327,31 @@ def test_a_bf16_generator_multiplies_natively_unless_told_not_to(
     calls = count_rows(monkeypatch, native.DecodeLinear)
     params = SamplingParams(max_new_tokens=5, temperature=0.0)
     ours = HFGenerator(model).generate(PROMPTS, params)
-    passes = 4  # 5 tokens: the prefill's, then four decode passes
+    passes = 5  # 5 tokens: the prefill's, then four decode passes
     assert len(calls) == passes * (4 * model.config.num_hidden_layers + 1)
     calls.clear()
     theirs = HFGenerator(model, native_linear=False).generate(PROMPTS, params)
     assert not calls
     assert [len(c.token_ids) for c in ours] == [len(c.token_ids) for c in theirs]
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_a_shared_prefix_prefilled_through_the_pass_samples_the_same(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Prompts that share a prefix: the pass prefills it once for one row, then each
+    row's rest against the repeated cache, and samples what transformers' forward does."""
+    model = MODELS[name]()
+    prefix = list(range(3, 3 + hf.MIN_SHARED_PREFIX + 2))
+    prompts = [[*prefix, 40, 41], [*prefix, 42], [*prefix, 43, 44, 45]]
+    params = SamplingParams(max_new_tokens=6, temperature=1.0, row_seeds=(1, 2, 3))
+    theirs = HFGenerator(model, fast_decode=False).generate(prompts, params)
+    calls = count_passes(monkeypatch)
+    monkeypatch.setattr(HFGenerator, "_prefill_pass", lambda self, decode: decode)
+    gen = HFGenerator(model)
+    ours = gen.generate(prompts, params)
+    assert gen.last_stats.shared_prefix_tokens == len(prefix) * 2
+    assert [c for c in calls if c[1] > 1] == [(1, len(prefix)), (3, 3)]
+    for a, b in zip(ours, theirs, strict=True):
+        assert a.token_ids == b.token_ids
+        assert a.logprobs == pytest.approx(b.logprobs, rel=2e-5, abs=1e-5)

@@ -41,10 +41,16 @@
 // the same): where it is refused the AVX512-BF16 path runs. agentr1_linear_use_amx(0)
 // turns AMX off (tests and benchmarks compare the paths on one machine).
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "bf16.h"
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__linux__)
 #define AGENTR1_AMX 1
@@ -60,6 +66,8 @@ using agentr1::to_bf16;
 
 constexpr int OUT = 32;  // outputs a block
 constexpr int ROWS = 8;  // rows a register block
+constexpr long CHUNK = 256;  // AMX: rows a core takes against a group of blocks
+constexpr long GROUP = 16;   // AMX: blocks (of 32 outputs) whose weights a core keeps in L2
 
 long blocks_of(long N, int glu) { return glu ? (N / 2 + 15) / 16 : (N + OUT - 1) / OUT; }
 constexpr int TILE_PAIRS = 16;  // input pairs an AMX tile holds (32 inputs)
@@ -82,7 +90,7 @@ void stage(const bf16* x, long x_sb, long m, long K, long KP, const bf16* norm, 
     const bf16* xr = x + m * x_sb;
     bf16* dst = xs + m * 2 * KP;
     if (norm == nullptr) {
-        for (long k = 0; k < K; k++) dst[k] = xr[k];
+        std::memcpy(dst, xr, size_t(K) * sizeof(bf16));
     } else {
         float ss = 0.0f;
         long k = 0;
@@ -96,8 +104,17 @@ void stage(const bf16* x, long x_sb, long m, long K, long KP, const bf16* norm, 
 #endif
         for (; k < K; k++) ss += load(xr[k]) * load(xr[k]);
         const float rstd = 1.0f / std::sqrt(ss / float(K) + eps);
-        for (k = 0; k < K; k++)
-            dst[k] = to_bf16(load(norm[k]) * load(to_bf16(load(xr[k]) * rstd)));
+        k = 0;
+#if defined(__AVX512F__)
+        const __m512 r = _mm512_set1_ps(rstd);
+        for (; k + 16 <= K; k += 16) {
+            const __m256i h = agentr1::to_bf16x16(_mm512_mul_ps(agentr1::load16(xr + k), r));
+            const __m512 hw = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+            const __m512 y = _mm512_mul_ps(agentr1::load16(norm + k), hw);
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + k), agentr1::to_bf16x16(y));
+        }
+#endif
+        for (; k < K; k++) dst[k] = to_bf16(load(norm[k]) * load(to_bf16(load(xr[k]) * rstd)));
     }
     for (long k = K; k < 2 * KP; k++) dst[k] = 0;
 }
@@ -125,7 +142,10 @@ inline __m512 exp16(__m512 x) {
     return _mm512_scalef_ps(p, k);
 }
 
-inline __m512 rounded16(__m512 v) { return widen(agentr1::to_bf16x16(v)); }
+// 16 lanes to bf16 by the instruction (round to nearest even, NaN quieted, as torch;
+// it also flushes float32 denormals, below 1.2e-38, to zero, where torch keeps them).
+inline __m256i bf16x16(__m512 v) { return (__m256i)_mm512_cvtneps_pbh(v); }
+inline __m512 rounded16(__m512 v) { return widen(bf16x16(v)); }
 
 inline __mmask16 tail(long left) {
     return left >= 16 ? __mmask16(0xffff) : left <= 0 ? __mmask16(0) : __mmask16((1u << left) - 1);
@@ -140,7 +160,7 @@ inline void finish16(__m512 lo, __m512 hi, long b, long m, long N, int glu, cons
         const __m512 s = rounded16(_mm512_div_ps(
             g, _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g)))));
         _mm256_mask_storeu_epi16(out + m * o_sb + i0, tail(I - i0),
-                                 agentr1::to_bf16x16(_mm512_mul_ps(s, u)));
+                                 bf16x16(_mm512_mul_ps(s, u)));
         return;
     }
     for (int h = 0; h < 2; h++) {
@@ -151,7 +171,7 @@ inline void finish16(__m512 lo, __m512 hi, long b, long m, long N, int glu, cons
         v = rounded16(v);
         if (residual)
             v = _mm512_add_ps(widen(_mm256_maskz_loadu_epi16(k, residual + m * r_sb + n0)), v);
-        _mm256_mask_storeu_epi16(out + m * o_sb + n0, k, agentr1::to_bf16x16(v));
+        _mm256_mask_storeu_epi16(out + m * o_sb + n0, k, bf16x16(v));
     }
 }
 
@@ -181,8 +201,8 @@ const BlockFn BLOCKS[ROWS + 1] = {nullptr,  block<1>, block<2>, block<3>, block<
                                   block<5>, block<6>, block<7>, block<8>};
 
 #if defined(AGENTR1_AMX)
-// The tile registers' layout (palette 1): C0, C1 (R rows x 16 float32), A (R rows x 32
-// bf16), B0, B1 (16 input pairs x 16 outputs x 2).
+// The tile registers' layout (palette 1): tiles 0, 1, 5, 6 sums (R rows x 16 float32),
+// 2, 7 inputs (R rows x 32 bf16), 3, 4 weights (16 input pairs x 16 outputs x 2).
 struct alignas(64) TileConfig {
     uint8_t palette = 1;
     uint8_t start_row = 0;
@@ -193,32 +213,51 @@ struct alignas(64) TileConfig {
 
 void configure_tiles(int R) {
     TileConfig c;
-    for (int t = 0; t < 5; t++) {
+    for (int t = 0; t < 8; t++) {
         c.colsb[t] = 64;
-        c.rows[t] = uint8_t(t < 3 ? R : TILE_PAIRS);
+        c.rows[t] = uint8_t(t == 3 || t == 4 ? TILE_PAIRS : R);
     }
     _tile_loadconfig(&c);
 }
 
-// R rows (R <= 16) against one block by AMX: sums in tiles, stored, then the epilogue.
-void block_amx(const bf16* xs, long KP, const bf16* wp, long b, long m0, int R, long N, int glu,
-               const bf16* bias, const bf16* residual, long r_sb, bf16* out, long o_sb) {
-    alignas(64) float acc[16][OUT];
+// The sums of R rows (R <= 16, tiles 0 and 1) or 32 rows (two row tiles sharing each
+// weight tile: tiles 0, 1, 5, 6) against one block, left in the tiles.
+inline void multiply_amx(const bf16* x, long KP, const bf16* wb, bool two) {
     _tile_zero(0);
     _tile_zero(1);
-    const bf16* x = xs + m0 * 2 * KP;
+    if (two) {
+        _tile_zero(5);
+        _tile_zero(6);
+    }
     for (long kp = 0; kp < KP; kp += TILE_PAIRS) {
-        _tile_loadd(2, x + 2 * kp, 4 * KP);        // R rows of 32 inputs, 2 * KP bf16 apart
-        _tile_loadd(3, wp + kp * 64, 128);         // outputs 0..15, 16 input pairs
-        _tile_loadd(4, wp + kp * 64 + 32, 128);    // outputs 16..31
+        _tile_loadd(3, wb + kp * 64, 128);       // outputs 0..15, 16 input pairs
+        _tile_loadd(4, wb + kp * 64 + 32, 128);  // outputs 16..31
+        _tile_loadd(2, x + 2 * kp, 4 * KP);      // rows of 32 inputs, 2 * KP bf16 apart
         _tile_dpbf16ps(0, 2, 3);
         _tile_dpbf16ps(1, 2, 4);
+        if (two) {
+            _tile_loadd(7, x + 32 * KP + 2 * kp, 4 * KP);  // rows 16..31
+            _tile_dpbf16ps(5, 7, 3);
+            _tile_dpbf16ps(6, 7, 4);
+        }
     }
-    _tile_stored(0, &acc[0][0], OUT * 4);
-    _tile_stored(1, &acc[0][16], OUT * 4);
-    for (int r = 0; r < R; r++)
-        finish16(_mm512_load_ps(acc[r]), _mm512_load_ps(acc[r] + 16), b, m0 + r, N, glu, bias,
-                 residual, r_sb, out, o_sb);
+}
+
+// A block's sums as stored from the tiles, and where they go.
+struct Stored {
+    alignas(64) float acc[32][OUT];
+    long b = 0, m0 = 0;
+    int rows = 0;  // 0: nothing pending
+};
+
+inline void store_amx(Stored& s, long b, long m0, int rows) {
+    _tile_stored(0, &s.acc[0][0], OUT * 4);
+    _tile_stored(1, &s.acc[0][16], OUT * 4);
+    if (rows > 16) {
+        _tile_stored(5, &s.acc[16][0], OUT * 4);
+        _tile_stored(6, &s.acc[16][16], OUT * 4);
+    }
+    s.b = b, s.m0 = m0, s.rows = rows;
 }
 
 // Whether this process may use the tile registers (asked once).
@@ -334,15 +373,54 @@ extern "C" int agentr1_linear_bf16(const bf16* x, long x_sb, long M, long K, con
         if (path == 2) {
             // Tile shapes are per thread: one configuration per row count (M <= 16: one).
             int configured = 0;
-#pragma omp for schedule(static)
-            for (long b = 0; b < nb; b++) {
-                for (long m0 = 0; m0 < M; m0 += TILE_PAIRS) {
-                    const int R = int(M - m0 < TILE_PAIRS ? M - m0 : TILE_PAIRS);
-                    if (R != configured) configure_tiles(configured = R);
-                    block_amx(xs, KP, wp + b * KP * 64, b, m0, R, N, glu, bias, residual, r_sb,
-                              out, o_sb);
+            // A block's epilogue (vector instructions) runs while the next block's tile
+            // products are in flight: each block's sums are stored after the previous
+            // block's epilogue, which then reads them one block later.
+            Stored stored[2];
+            int cur = 0;
+            auto finish = [&](Stored& s) {
+                for (int r = 0; r < s.rows; r++)
+                    finish16(_mm512_load_ps(s.acc[r]), _mm512_load_ps(s.acc[r] + 16), s.b,
+                             s.m0 + r, N, glu, bias, residual, r_sb, out, o_sb);
+                s.rows = 0;
+            };
+            // GEMM blocking: a group of GROUP blocks' weights stays in this core's L2
+            // while chunks of CHUNK rows pass, 32 rows at a time against each block of the
+            // group (those rows' inputs in L1). A thread takes a run of (group, chunk)
+            // pairs: at decode's few rows, a share of the groups.
+            const long chunks = (M + CHUNK - 1) / CHUNK;
+#if defined(_OPENMP)
+            const long threads = omp_get_num_threads();
+#else
+            const long threads = 1;
+#endif
+            // Groups of equal size (the work splits evenly), at most GROUP blocks; with
+            // fewer chunks than threads (decode), at least one group a thread.
+            long groups = (nb + GROUP - 1) / GROUP;
+            if (chunks < threads) groups = std::max(groups, std::min(nb, threads));
+            const long per = (nb + groups - 1) / groups;
+            groups = (nb + per - 1) / per;
+#pragma omp for collapse(2) schedule(static)
+            for (long g = 0; g < groups; g++) {
+                for (long c = 0; c < chunks; c++) {
+                    const long b_end = (g + 1) * per < nb ? (g + 1) * per : nb;
+                    const long end = (c + 1) * CHUNK < M ? (c + 1) * CHUNK : M;
+                    for (long m0 = c * CHUNK; m0 < end;) {
+                        const long left = end - m0;
+                        const int rows = int(left >= 32 ? 32 : left < 16 ? left : 16);
+                        const int R = rows > 16 ? 16 : rows;
+                        for (long b = g * per; b < b_end; b++) {
+                            if (R != configured) configure_tiles(configured = R);
+                            multiply_amx(xs + m0 * 2 * KP, KP, wp + b * KP * 64, rows > 16);
+                            finish(stored[cur ^ 1]);
+                            store_amx(stored[cur], b, m0, rows);
+                            cur ^= 1;
+                        }
+                        m0 += rows;
+                    }
                 }
             }
+            finish(stored[cur ^ 1]);
             if (configured) _tile_release();
         }
 #endif
