@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     size = torch.finfo(dtype).bits // 8
     floor = floor_ms(model, args.rows, args.context + args.new / 2, size, args.copy_gbs)
     result = {name: statistics.median(ms) for name, ms in runs.items()}
-    for name, ms in result.items():
+    for name, ms in list(result.items()):
         print(
             f"{name:>15}: {ms:.2f} ms a pass (rounds {min(runs[name]):.2f}-"
             f"{max(runs[name]):.2f}), floor {floor:.2f} ms: {floor / ms:.0%} of it; "
