@@ -147,9 +147,27 @@ def backbone_hidden(
     return torch.cat([pre.last_hidden_state.expand(B, -1, -1), rest.last_hidden_state], dim=1)
 
 
+def right_padded(mask_BT: torch.Tensor) -> bool:
+    """Whether every row's real tokens come first, its padding after them.
+
+    >>> right_padded(torch.tensor([[1, 1, 0], [1, 1, 1]]))
+    True
+    >>> right_padded(torch.tensor([[0, 1, 1]]))
+    False
+    """
+    return bool((mask_BT.cumprod(-1) == mask_BT).all())
+
+
 def _plain_hidden(backbone: Any, input_ids_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
-    """The backbone's last hidden states, no cache kept (nothing reads one)."""
-    out = backbone(input_ids=input_ids_BT, attention_mask=mask_BT, use_cache=False)
+    """The backbone's last hidden states, no cache kept (nothing reads one).
+
+    A right-padded batch (`collate`'s layout) goes in without its mask: the causal mask
+    alone keeps every real position off the padding after it, so the real positions'
+    states (and gradients) are the masked pass's, while attention runs its causal kernel
+    (skipping the blocks above the diagonal) and no ``[B, 1, T, T]`` mask is built. The
+    padding positions' own states differ and are never read."""
+    mask = None if right_padded(mask_BT) else mask_BT
+    out = backbone(input_ids=input_ids_BT, attention_mask=mask, use_cache=False)
     return out.last_hidden_state
 
 

@@ -66,6 +66,33 @@ def test_chunked_logprob_gradients_match() -> None:
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
 
+def test_a_right_padded_batch_runs_without_its_mask_and_a_left_padded_one_with_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Right padding (collate's layout): the causal mask alone keeps real positions off
+    the padding, so the backbone gets no mask (the tests above check the values against
+    the masked forward); left padding keeps its mask and its values."""
+    model = tiny_llama()
+    seen: list[object] = []
+    forward = type(model.model).forward
+
+    def spy(self, *args, attention_mask=None, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(attention_mask)
+        return forward(self, *args, attention_mask=attention_mask, **kwargs)
+
+    monkeypatch.setattr(type(model.model), "forward", spy)
+    ids, attn, mask = batch()
+    token_logprobs(model, ids, attn, mask)
+    assert seen == [None]
+    left = attn.flip(-1)  # the same rows, padding first
+    ids_left, mask_left = ids.flip(-1) * left, mask.flip(-1)
+    seen.clear()
+    lp, _ = token_logprobs(model, ids_left, left, mask_left)
+    assert len(seen) == 1 and seen[0] is left
+    ref = reference_logprobs(model, ids_left, left) * mask_left
+    torch.testing.assert_close(lp, ref, atol=1e-5, rtol=1e-5)
+
+
 def shared_prefix_batch(B: int = 4, P: int = 40, T: int = 60, V: int = 64):
     """Rows that share their first P tokens (a system prompt), then differ; right-padded."""
     g = torch.Generator().manual_seed(1)
