@@ -70,6 +70,14 @@ class NativeBuildError(RuntimeError):
     """A kernel that could not be built or loaded (the compiler's message included)."""
 
 
+def load_library(path: Path) -> ctypes.CDLL:
+    """The shared library at ``path``; `NativeBuildError` when it cannot be loaded."""
+    try:
+        return ctypes.CDLL(str(path))
+    except OSError as e:
+        raise NativeBuildError(f"cannot load {path}: {e}") from e
+
+
 def kernel_dir() -> Path:
     """Where built kernels live (`DIR_ENV`)."""
     return Path(os.environ.get(DIR_ENV) or Path.home() / ".cache" / "agentr1" / "kernels")
@@ -178,10 +186,7 @@ class DecodeAttention:
     """
 
     def __init__(self, path: Path) -> None:
-        try:
-            self.lib = ctypes.CDLL(str(path))
-        except OSError as e:
-            raise NativeBuildError(f"cannot load {path}: {e}") from e
+        self.lib = load_library(path)
         self.path = path
         long, int_, ptr = ctypes.c_long, ctypes.c_int, ctypes.c_void_p
         self._fns: dict[torch.dtype, Any] = {}
@@ -289,14 +294,11 @@ class DecodeLinear:
     inside, rounded where it rounds); ``residual`` is added to the rounded product; a
     ``glu`` pack gives ``silu(gate) * up``, each rounded as the torch ops round them. Only
     the order of the float32 sums differs from ``F.linear``: within a bf16 rounding of
-    the exact product (`tests/unit/test_native.py`).
+    the exact product (`tests/unit/test_native_linear.py`).
     """
 
     def __init__(self, path: Path) -> None:
-        try:
-            self.lib = ctypes.CDLL(str(path))
-        except OSError as e:
-            raise NativeBuildError(f"cannot load {path}: {e}") from e
+        self.lib = load_library(path)
         self.path = path
         long, int_, ptr = ctypes.c_long, ctypes.c_int, ctypes.c_void_p
         self.lib.agentr1_linear_isa.restype = int_
