@@ -359,7 +359,10 @@ extern "C" int agentr1_linear_bf16(const bf16* x, long x_sb, long M, long K, con
     const long KP = pairs_of(K), nb = blocks_of(N, glu);
     thread_local std::vector<bf16> staged;
     try {
-        staged.resize(size_t(M) * size_t(2 * KP));
+        // grown, never shrunk: every element a call reads it writes first, so the
+        // buffer need not be zero-filled again when products of other shapes alternate
+        const size_t need = size_t(M) * size_t(2 * KP);
+        if (staged.size() < need) staged.resize(need);
     } catch (...) {
         return 1;
     }
