@@ -69,7 +69,7 @@ import torch
 import torch.nn.functional as F
 
 from agentr1.backends.attention import one_query_attention
-from agentr1.backends.native import DecodeAttention, DecodeLinear, LinearPack
+from agentr1.backends.native import DecodeAttention, DecodeLinear, LinearPack, rope_layout
 
 MODEL_TYPES = ("llama", "qwen2")
 """Architectures whose decoder layer this pass writes out (both: pre-norm RMSNorm,
@@ -215,19 +215,25 @@ class WeightPacks:
         norm: Any = None,
         residual: torch.Tensor | None = None,
         glu: bool = False,
+        rope: tuple[int, int] = (0, 0),
+        cos: torch.Tensor | None = None,
+        sin: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``matmul`` of ``norm(x)`` (an RMSNorm module, or None) plus ``residual``, or
         with ``glu`` the SiLU-gated product of a gate | up weight, by the native kernel
-        from its pack (made again when a source has changed)."""
+        from its pack (made again when a source has changed); ``rope`` (heads, head
+        size): the pack's first heads are query and key heads, rotated by ``cos`` /
+        ``sin`` when given (`agentr1.backends.native.rope_layout` says which can be)."""
         native = self.native
         if native is None:
             raise ValueError(f"{matmul.name}: no native product kernel")
         key = _key(matmul.sources)
         pack = self.packs.get(matmul.name)
-        if not isinstance(pack, _NativePack) or pack.key != key or pack.weight.glu != glu:
+        layout = (glu, rope[0] * rope[1], rope[1] if rope[0] else 0)
+        if not isinstance(pack, _NativePack) or pack.key != key or pack.weight.layout != layout:
             self.repacked += 1
             with torch.no_grad():
-                weight = native.pack(_fused_weight(matmul.weights), glu)
+                weight = native.pack(_fused_weight(matmul.weights), glu, *rope)
                 pack = _NativePack(key, weight, _fused_bias(matmul))
             self.packs[matmul.name] = pack
         return native(
@@ -237,6 +243,8 @@ class WeightPacks:
             eps=0.0 if norm is None else float(norm.variance_epsilon),
             bias=pack.bias,
             residual=residual,
+            cos=cos,
+            sin=sin,
         )
 
     def linear(self, matmul: _Matmul, x: torch.Tensor) -> torch.Tensor:
@@ -408,12 +416,12 @@ class DecodePass:
         packs = self.packs
         B, S = tokens_BS.shape
         x_BSH = F.embedding(tokens_BS, self.embed.weight)
-        cos, sin = self.rotary(x_BSH, position_ids_BS)  # [B, S, D]
+        cos_BSD, sin_BSD = self.rotary(x_BSH, position_ids_BS)
         # transformers' rotate_half(x) * sin is cat(-x2, x1) * sin: the same products as
         # roll(x) * cat(-sin1, sin2) (negation is exact), two ops a layer instead of five.
-        half = sin.shape[-1] // 2
-        sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
-        cos, sin = cos[:, :, None], sin[:, :, None]  # [B, S, 1, D]: over the heads
+        half = sin_BSD.shape[-1] // 2
+        sin = torch.cat((-sin_BSD[..., :half], sin_BSD[..., half:]), dim=-1)
+        cos, sin = cos_BSD[:, :, None], sin[:, :, None]  # [B, S, 1, D]: over the heads
         native = self.attention if S == 1 else None
         if native is not None and (
             not native.supports(x_BSH.dtype, x_BSH.device) or cos.dtype != x_BSH.dtype
@@ -423,12 +431,23 @@ class DecodePass:
         blocked: torch.Tensor | None = None  # 0 / -inf over the buffers' columns
         seen_B1ST = _prefill_mask(mask_BT, S) if S > 1 else None  # the same every layer
         fused = self.fused(x_BSH.dtype, x_BSH.device)
+        # a prefill's rotary in the q|k|v product's epilogue (a decode step's native
+        # attention rotates its own; the pack's layout serves both)
+        rope_ok = fused and rope_layout(self.layers[0].head_dim)
+        rotate = rope_ok and S > 1 and cos_BSD.dtype == x_BSH.dtype
         for layer, cache in zip(self.layers, cache_layers, strict=True):
             Q, K, D = layer.q_heads, layer.kv_heads, layer.head_dim
             # q | k | v of every head as one product; rotary on the q and k heads at once.
             if fused:
                 assert packs is not None
-                qkv_BSND = packs.native_linear(layer.qkv, x_BSH, norm=layer.input_norm)
+                qkv_BSND = packs.native_linear(
+                    layer.qkv,
+                    x_BSH,
+                    norm=layer.input_norm,
+                    rope=(Q + K, D) if rope_ok else (0, 0),
+                    cos=cos_BSD if rotate else None,
+                    sin=sin_BSD if rotate else None,
+                )
             else:
                 h_BSH = _rms(x_BSH, layer.input_norm.weight, layer.input_norm.variance_epsilon)
                 qkv_BSND = layer.qkv(h_BSH, packs)
@@ -451,7 +470,8 @@ class DecodePass:
                 ).view(B, 1, -1)
             else:
                 qk_BSND = qkv_BSND[:, :, : Q + K]
-                qk_BSND = qk_BSND * cos + qk_BSND.roll(half, -1) * sin
+                if not rotate:
+                    qk_BSND = qk_BSND * cos + qk_BSND.roll(half, -1) * sin
                 keys_BKCD, values_BKCD = cache.append(
                     qk_BSND[:, :, Q:].transpose(1, 2), qkv_BSND[:, :, Q + K :].transpose(1, 2)
                 )

@@ -269,6 +269,12 @@ class DecodeAttention:
         return out
 
 
+def rope_layout(head_dim: int) -> bool:
+    """Whether `DecodeLinear` can rotate heads of ``head_dim`` (a block pairs 16 columns of
+    a head's first half with the 16 of its second half)."""
+    return head_dim > 0 and head_dim % 32 == 0
+
+
 ISAS = ("plain", "avx512_bf16", "amx")
 """`DecodeLinear.isa`'s names, by the kernel's number for them."""
 
@@ -277,12 +283,20 @@ ISAS = ("plain", "avx512_bf16", "amx")
 class LinearPack:
     """A bf16 weight ``[out_features, in_features]`` in `DecodeLinear`'s layout; ``glu``:
     the weight is a gate's rows then an up's, and the product gives ``silu(gate) * up``
-    (``out_features // 2`` columns)."""
+    (``out_features // 2`` columns); ``rope_cols`` > 0: its first rows are query and key
+    heads of ``head_dim`` that a call given ``cos`` / ``sin`` rotates."""
 
     data: torch.Tensor
     out_features: int
     in_features: int
     glu: bool
+    rope_cols: int = 0
+    head_dim: int = 0
+
+    @property
+    def layout(self) -> tuple[bool, int, int]:
+        """What a pack of the same weight must match to serve the same calls."""
+        return (self.glu, self.rope_cols, self.head_dim)
 
 
 class DecodeLinear:
@@ -307,12 +321,12 @@ class DecodeLinear:
         self.lib.agentr1_linear_use_amx.argtypes = [int_]
         self.lib.agentr1_packed_size.restype = long
         self.lib.agentr1_packed_size.argtypes = [long, long, int_]
-        self.lib.agentr1_pack_bf16.restype = None
-        self.lib.agentr1_pack_bf16.argtypes = [ptr, long, long, int_, ptr]
+        self.lib.agentr1_pack_bf16.restype = int_
+        self.lib.agentr1_pack_bf16.argtypes = [ptr, long, long, int_, long, long, ptr]
         fn = self.lib.agentr1_linear_bf16
         fn.restype = int_
-        fn.argtypes = [ptr, long, long, long, ptr, ctypes.c_float, ptr, long, int_, ptr]
-        fn.argtypes += [ptr, long, ptr, long]
+        fn.argtypes = [ptr, long, long, long, ptr, ctypes.c_float, ptr, long, int_, long, long]
+        fn.argtypes += [ptr, ptr, long, ptr, ptr, long, ptr, long]
         self._linear = fn
 
     @property
@@ -337,8 +351,12 @@ class DecodeLinear:
         """Whether the kernel multiplies tensors of ``dtype`` on ``device`` (CPU bf16)."""
         return device.type == "cpu" and dtype == torch.bfloat16
 
-    def pack(self, weight: torch.Tensor, glu: bool = False) -> LinearPack:
-        """``weight`` ``[out, in]`` (bf16, CPU; ``glu``: gate rows then up rows) packed."""
+    def pack(
+        self, weight: torch.Tensor, glu: bool = False, rope_heads: int = 0, head_dim: int = 0
+    ) -> LinearPack:
+        """``weight`` ``[out, in]`` (bf16, CPU) packed; ``glu``: gate rows then up rows;
+        ``rope_heads``: its first ``rope_heads x head_dim`` rows are query and key heads
+        that calls given ``cos`` / ``sin`` rotate (`rope_layout` says which can be)."""
         if weight.dim() != 2 or not self.supports(weight.dtype, weight.device):
             raise ValueError(
                 f"decode linear: a 2-d CPU bfloat16 weight, got {tuple(weight.shape)} "
@@ -347,10 +365,20 @@ class DecodeLinear:
         N, K = weight.shape
         if glu and N % 2:
             raise ValueError(f"decode linear: a gate | up weight has an even row count, got {N}")
+        rope_cols = rope_heads * head_dim
+        if rope_heads and (glu or not rope_layout(head_dim) or rope_cols > N):
+            raise ValueError(
+                f"decode linear: rotary over {rope_heads} heads of {head_dim} needs a plain "
+                f"weight of >= {rope_cols} rows and a head size that divides by 32, got "
+                f"{N} rows{' (gate | up)' if glu else ''}"
+            )
         w = weight.detach().contiguous()
         data = torch.empty(self.lib.agentr1_packed_size(N, K, int(glu)), dtype=torch.bfloat16)
-        self.lib.agentr1_pack_bf16(w.data_ptr(), N, K, int(glu), data.data_ptr())
-        return LinearPack(data, N, K, glu)
+        if self.lib.agentr1_pack_bf16(
+            w.data_ptr(), N, K, int(glu), rope_cols, head_dim, data.data_ptr()
+        ):
+            raise ValueError(f"decode linear: the kernel refused to pack [{N}, {K}]")
+        return LinearPack(data, N, K, glu, rope_cols, head_dim if rope_heads else 0)
 
     def __call__(
         self,
@@ -360,6 +388,8 @@ class DecodeLinear:
         eps: float = 0.0,
         bias: torch.Tensor | None = None,
         residual: torch.Tensor | None = None,
+        cos: torch.Tensor | None = None,
+        sin: torch.Tensor | None = None,
     ) -> torch.Tensor:
         K = pack.in_features
         out_cols = pack.out_features // 2 if pack.glu else pack.out_features
@@ -387,7 +417,20 @@ class DecodeLinear:
             r2 = residual.reshape(M, out_cols)
             if r2.stride(-1) != 1:
                 r2 = r2.contiguous()
-        tensors = [t for t in (x2, norm, bias, r2) if t is not None]
+        cs: list[torch.Tensor] = []
+        if cos is not None or sin is not None:
+            D = pack.head_dim
+            if not pack.rope_cols:
+                raise ValueError("decode linear: cos / sin for a pack without rotary heads")
+            for name, t in (("cos", cos), ("sin", sin)):
+                if t is None or t.shape != (*lead, D):
+                    got = None if t is None else tuple(t.shape)
+                    raise ValueError(f"decode linear: {name} {got} for rows {(*lead, D)}")
+            assert cos is not None and sin is not None
+            cs = [cos.reshape(M, D).contiguous(), sin.reshape(M, D).contiguous()]
+        if pack.rope_cols and residual is not None:
+            raise ValueError("decode linear: a product with rotary heads takes no residual")
+        tensors = [t for t in (x2, norm, bias, r2, *cs) if t is not None]
         if any(not self.supports(t.dtype, t.device) for t in tensors):
             raise ValueError("decode linear: every tensor must be CPU bfloat16")
         out = torch.empty((M, out_cols), dtype=torch.bfloat16)
@@ -401,14 +444,21 @@ class DecodeLinear:
             pack.data.data_ptr(),
             pack.out_features,
             int(pack.glu),
+            pack.rope_cols,
+            pack.head_dim,
             bias.data_ptr() if bias is not None else None,
             r2.data_ptr() if r2 is not None else None,
             r2.stride(0) if r2 is not None else 0,
+            cs[0].data_ptr() if cs else None,
+            cs[1].data_ptr() if cs else None,
+            pack.head_dim,
             out.data_ptr(),
             out_cols,
         )
-        if failed:
+        if failed == 1:
             raise MemoryError("decode linear: the kernel's scratch memory")
+        if failed:
+            raise ValueError(f"decode linear: the kernel refused the call (code {failed})")
         return out.view(*lead, out_cols)
 
 

@@ -107,6 +107,55 @@ def test_the_kernel_computes_the_torch_ops_to_a_rounding(
     assert (one.float() - out[-1:].float()).abs().max() <= ref.float().abs().max() * 2**-7
 
 
+@pytest.mark.parametrize("D", [32, 64, 128])
+def test_rotary_heads_are_rotated_as_transformers_rotates_them(kernel: Any, D: int) -> None:
+    """A q|k|v product whose q and k heads are rotated in the epilogue: each head as
+    transformers' ``q * cos + rotate_half(q) * sin`` in bf16 (rounded op by op), the v
+    heads as they are; without cos / sin the same pack gives the plain product."""
+    from transformers.models.llama.modeling_llama import rotate_half
+
+    M, K, rope_heads, v_heads = 13, 96, 3, 1
+    N = (rope_heads + v_heads) * D
+    g = torch.Generator().manual_seed(D)
+    x = torch.randn(2, M, K, generator=g).bfloat16()  # [B, S, K] as a prefill feeds it
+    weight = (torch.randn(N, K, generator=g) / K**0.5).bfloat16()
+    bias = torch.randn(N, generator=g).bfloat16()
+    angle = torch.rand(2, M, D, generator=g) * 6
+    cos, sin = angle.cos().bfloat16(), angle.sin().bfloat16()
+    pack = kernel.pack(weight, rope_heads=rope_heads, head_dim=D)
+    plain = F.linear(x, weight, bias)  # [B, S, N]
+    unrotated = kernel(x, pack, bias=bias)
+    assert (unrotated.float() - plain.float()).abs().max() <= plain.float().abs().max() * 2**-7
+    out = kernel(x, pack, bias=bias, cos=cos, sin=sin)
+    heads = plain.view(2, M, -1, D)
+    qk = heads[:, :, :rope_heads]
+    rotated = qk * cos[:, :, None] + rotate_half(qk) * sin[:, :, None]
+    ref = torch.cat([rotated, heads[:, :, rope_heads:]], 2).reshape(2, M, N)
+    diff = (out.float() - ref.float()).abs()
+    # the product's own rounding may differ by one unit; the rotation's four roundings
+    # then follow torch's, so most values are equal bit for bit
+    assert (diff <= ref.float().abs() * 2**-6 + 2e-2).all()
+    assert (diff == 0).float().mean() >= 0.99  # one rounding skipped: ~0.91
+
+
+def test_rotary_packs_refuse_what_they_cannot_lay_out(kernel: Any) -> None:
+    w = torch.randn(96, 32).bfloat16()
+    with pytest.raises(ValueError, match="head size that divides by 32"):
+        kernel.pack(w, rope_heads=2, head_dim=48)
+    with pytest.raises(ValueError, match=">= 128 rows"):
+        kernel.pack(w, rope_heads=2, head_dim=64)
+    with pytest.raises(ValueError, match=r"\(gate \| up\)"):
+        kernel.pack(torch.randn(128, 32).bfloat16(), glu=True, rope_heads=1, head_dim=64)
+    x, cs = torch.randn(4, 32).bfloat16(), torch.ones(4, 32).bfloat16()
+    with pytest.raises(ValueError, match="without rotary heads"):
+        kernel(x, kernel.pack(w), cos=cs, sin=cs)
+    rope = kernel.pack(w, rope_heads=2, head_dim=32)
+    with pytest.raises(ValueError, match=r"sin None for rows \(4, 32\)"):
+        kernel(x, rope, cos=cs)
+    with pytest.raises(ValueError, match="takes no residual"):
+        kernel(x, rope, residual=torch.zeros(4, 96).bfloat16())
+
+
 def test_leading_dimensions_and_strided_rows_are_taken_as_they_come(kernel: Any) -> None:
     g = torch.Generator().manual_seed(1)
     x = torch.randn(2, 3, 64, generator=g).bfloat16()  # [B, 1-ish, H] as the pass feeds it

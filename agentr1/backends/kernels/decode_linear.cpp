@@ -9,7 +9,11 @@
 //             - none;
 //             - a residual: to_bf16(residual + product);
 //             - GLU (W is gate | up, N = 2I outputs): to_bf16(to_bf16(silu(gate)) * up)
-//               over the I pairs (out has I columns).
+//               over the I pairs (out has I columns);
+//             - rotary (the first rope_cols outputs are q and k heads of D columns): each
+//               head's halves x1, x2 become x1 cos1 - x2 sin1 and x2 cos2 + x1 sin2, every
+//               product and sum rounded as transformers' `q * cos + rotate_half(q) * sin`
+//               rounds them, with each row's cos and sin [D].
 //
 // The products accumulate in float32 and are rounded once, as oneDNN's bf16 GEMM rounds
 // them; only the order of the float32 sums differs. Three paths compute them, the best
@@ -30,11 +34,17 @@
 // pairs x 16 outputs, the pairs interleaved as TDPBF16PS reads them). Plain products:
 // block b holds outputs 32b..32b+31. GLU: block b holds gate outputs 16b..16b+15, then
 // the up outputs with the same indices, so a block's epilogue has both halves of its 16
-// results. K is zero-padded to a multiple of 32 (whole tiles), tails of N with zeros.
+// results. Rotary (the first rope_cols / 32 blocks): a block holds 16 columns of a head's
+// first half and the 16 of its second half they pair with (D % 32 == 0), so the
+// epilogue has both sides of each rotation; the columns are written back in their own
+// order, rotated or not. K is zero-padded to a multiple of 32 (whole tiles), tails of N
+// with zeros.
 //
 // x [M, K] rows x_sb apart; residual [M, N] rows r_sb apart; out [M, N or I] rows o_sb
-// apart; norm and bias are [K] and [N] (or null). Returns 0; 1 when scratch memory could
-// not be allocated; 2 for an invalid combination (GLU with a bias or an odd N).
+// apart; norm and bias are [K] and [N] (or null); cos and sin [M, D] rows cs_sb apart (or
+// null: a rotary pack's columns come out unrotated). Returns 0; 1 when scratch memory
+// could not be allocated; 2 for an invalid combination (GLU with a bias, a residual or
+// rotary, or an odd N; rotary with a residual, or heads that do not fit).
 //
 // Built like decode_attention.cpp. AMX needs the kernel's permission to use the tile
 // registers (arch_prctl ARCH_REQ_XCOMP_PERM, asked once a process; torch's oneDNN asks
@@ -73,10 +83,35 @@ long blocks_of(long N, int glu) { return glu ? (N / 2 + 15) / 16 : (N + OUT - 1)
 constexpr int TILE_PAIRS = 16;  // input pairs an AMX tile holds (32 inputs)
 long pairs_of(long K) { return ((K + 1) / 2 + TILE_PAIRS - 1) / TILE_PAIRS * TILE_PAIRS; }
 
+// What a call does after its products, and where it writes them (see the top).
+struct Epi {
+    long N = 0;  // outputs of the weight (GLU: 2I)
+    int glu = 0;
+    long rope_blocks = 0;  // the first blocks hold rotary pairs
+    long head_dim = 0;
+    const bf16* bias = nullptr;
+    const bf16* residual = nullptr;
+    long r_sb = 0;
+    const bf16* cos = nullptr;  // null: rotary packs' columns unrotated
+    const bf16* sin = nullptr;
+    long cs_sb = 0;
+    bf16* out = nullptr;
+    long o_sb = 0;
+};
+
+// The first output of block b's half h (16 columns; not for GLU blocks).
+inline long column(long b, int h, long rope_blocks, long D) {
+    if (b < rope_blocks) {
+        const long per_head = D / 32;
+        return (b / per_head) * D + 16 * (b % per_head) + h * (D / 2);
+    }
+    return b * OUT + 16 * h;
+}
+
 // The source row (output index into W) of a block's output j, or -1 for padding.
-long source_row(long b, int j, long N, int glu) {
+long source_row(long b, int j, long N, int glu, long rope_blocks, long D) {
     if (!glu) {
-        const long n = b * OUT + j;
+        const long n = column(b, j / 16, rope_blocks, D) + j % 16;
         return n < N ? n : -1;
     }
     const long I = N / 2, i = b * 16 + (j & 15);
@@ -152,33 +187,54 @@ inline __mmask16 tail(long left) {
 }
 
 // The epilogue of one row's 32 float32 sums (a block's outputs: lo, hi halves).
-inline void finish16(__m512 lo, __m512 hi, long b, long m, long N, int glu, const bf16* bias,
-                     const bf16* residual, long r_sb, bf16* out, long o_sb) {
-    if (glu) {
-        const long I = N / 2, i0 = b * 16;
+inline void finish16(__m512 lo, __m512 hi, long b, long m, const Epi& e) {
+    bf16* out = e.out + m * e.o_sb;
+    if (e.glu) {
+        const long I = e.N / 2, i0 = b * 16;
         const __m512 g = rounded16(lo), u = rounded16(hi);
         const __m512 s = rounded16(_mm512_div_ps(
             g, _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g)))));
-        _mm256_mask_storeu_epi16(out + m * o_sb + i0, tail(I - i0),
-                                 bf16x16(_mm512_mul_ps(s, u)));
+        _mm256_mask_storeu_epi16(out + i0, tail(I - i0), bf16x16(_mm512_mul_ps(s, u)));
+        return;
+    }
+    if (b < e.rope_blocks) {  // whole blocks: a head's two halves, 16 columns each
+        const long n1 = column(b, 0, e.rope_blocks, e.head_dim), half = e.head_dim / 2;
+        if (e.bias) {
+            lo = _mm512_add_ps(lo, agentr1::load16(e.bias + n1));
+            hi = _mm512_add_ps(hi, agentr1::load16(e.bias + n1 + half));
+        }
+        __m512 x1 = rounded16(lo), x2 = rounded16(hi);
+        if (e.cos) {
+            const long d = n1 % e.head_dim;
+            const bf16* c = e.cos + m * e.cs_sb + d;
+            const bf16* s = e.sin + m * e.cs_sb + d;
+            const __m512 c1 = agentr1::load16(c), c2 = agentr1::load16(c + half);
+            const __m512 s1 = agentr1::load16(s), s2 = agentr1::load16(s + half);
+            const __m512 r1 = _mm512_sub_ps(rounded16(_mm512_mul_ps(x1, c1)),
+                                            rounded16(_mm512_mul_ps(x2, s1)));
+            const __m512 r2 = _mm512_add_ps(rounded16(_mm512_mul_ps(x2, c2)),
+                                            rounded16(_mm512_mul_ps(x1, s2)));
+            x1 = r1, x2 = r2;
+        }
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + n1), bf16x16(x1));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + n1 + half), bf16x16(x2));
         return;
     }
     for (int h = 0; h < 2; h++) {
         const long n0 = b * OUT + 16 * h;
-        const __mmask16 k = tail(N - n0);
+        const __mmask16 k = tail(e.N - n0);
         __m512 v = h ? hi : lo;
-        if (bias) v = _mm512_add_ps(v, widen(_mm256_maskz_loadu_epi16(k, bias + n0)));
+        if (e.bias) v = _mm512_add_ps(v, widen(_mm256_maskz_loadu_epi16(k, e.bias + n0)));
         v = rounded16(v);
-        if (residual)
-            v = _mm512_add_ps(widen(_mm256_maskz_loadu_epi16(k, residual + m * r_sb + n0)), v);
-        _mm256_mask_storeu_epi16(out + m * o_sb + n0, k, bf16x16(v));
+        if (e.residual)
+            v = _mm512_add_ps(widen(_mm256_maskz_loadu_epi16(k, e.residual + m * e.r_sb + n0)), v);
+        _mm256_mask_storeu_epi16(out + n0, k, bf16x16(v));
     }
 }
 
 // R rows (R <= ROWS) against one block: the sums in registers, then the epilogue.
 template <int R>
-void block(const bf16* xs, long KP, const bf16* wp, long b, long m0, long N, int glu,
-           const bf16* bias, const bf16* residual, long r_sb, bf16* out, long o_sb) {
+void block(const bf16* xs, long KP, const bf16* wp, long b, long m0, const Epi& e) {
     __m512 a0[R], a1[R];
     for (int r = 0; r < R; r++) a0[r] = a1[r] = _mm512_setzero_ps();
     const int32_t* x32 = reinterpret_cast<const int32_t*>(xs + m0 * 2 * KP);
@@ -191,12 +247,10 @@ void block(const bf16* xs, long KP, const bf16* wp, long b, long m0, long N, int
             a1[r] = _mm512_dpbf16_ps(a1[r], (__m512bh)w1, (__m512bh)xb);
         }
     }
-    for (int r = 0; r < R; r++)
-        finish16(a0[r], a1[r], b, m0 + r, N, glu, bias, residual, r_sb, out, o_sb);
+    for (int r = 0; r < R; r++) finish16(a0[r], a1[r], b, m0 + r, e);
 }
 
-using BlockFn = void (*)(const bf16*, long, const bf16*, long, long, long, int, const bf16*,
-                         const bf16*, long, bf16*, long);
+using BlockFn = void (*)(const bf16*, long, const bf16*, long, long, const Epi&);
 const BlockFn BLOCKS[ROWS + 1] = {nullptr,  block<1>, block<2>, block<3>, block<4>,
                                   block<5>, block<6>, block<7>, block<8>};
 
@@ -271,30 +325,47 @@ bool amx_permitted() {
 inline float silu(float g) { return g / (1.0f + std::exp(-g)); }
 
 // The epilogue of one row's 32 float32 sums (a block's outputs), scalar.
-void finish(const float* acc, long b, long m, long N, int glu, const bf16* bias,
-            const bf16* residual, long r_sb, bf16* out, long o_sb) {
-    if (glu) {
-        const long I = N / 2;
+void finish(const float* acc, long b, long m, const Epi& e) {
+    bf16* out = e.out + m * e.o_sb;
+    if (e.glu) {
+        const long I = e.N / 2;
         for (int j = 0; j < 16; j++) {
             const long i = b * 16 + j;
             if (i >= I) break;
             const float g = load(to_bf16(acc[j])), u = load(to_bf16(acc[16 + j]));
-            out[m * o_sb + i] = to_bf16(load(to_bf16(silu(g))) * u);
+            out[i] = to_bf16(load(to_bf16(silu(g))) * u);
         }
         return;
     }
+    float v[OUT] = {};
     for (int j = 0; j < OUT; j++) {
-        const long n = b * OUT + j;
-        if (n >= N) break;
-        float v = load(to_bf16(acc[j] + (bias ? load(bias[n]) : 0.0f)));
-        if (residual) v = load(to_bf16(load(residual[m * r_sb + n]) + v));
-        out[m * o_sb + n] = to_bf16(v);
+        const long n = column(b, j / 16, e.rope_blocks, e.head_dim) + j % 16;
+        if (n >= e.N) continue;
+        v[j] = load(to_bf16(acc[j] + (e.bias ? load(e.bias[n]) : 0.0f)));
+        if (e.residual) v[j] = load(to_bf16(load(e.residual[m * e.r_sb + n]) + v[j]));
+    }
+    if (b < e.rope_blocks && e.cos) {  // whole blocks: x1 in v[0..15], x2 in v[16..31]
+        const long d = column(b, 0, e.rope_blocks, e.head_dim) % e.head_dim;
+        const long half = e.head_dim / 2;
+        const bf16* c = e.cos + m * e.cs_sb + d;
+        const bf16* s = e.sin + m * e.cs_sb + d;
+        for (int j = 0; j < 16; j++) {
+            const float x1 = v[j], x2 = v[16 + j];
+            const float p1 = load(to_bf16(x1 * load(c[j]))), q1 = load(to_bf16(x2 * load(s[j])));
+            const float p2 = load(to_bf16(x2 * load(c[half + j])));
+            const float q2 = load(to_bf16(x1 * load(s[half + j])));
+            v[j] = p1 - q1;
+            v[16 + j] = p2 + q2;
+        }
+    }
+    for (int j = 0; j < OUT; j++) {
+        const long n = column(b, j / 16, e.rope_blocks, e.head_dim) + j % 16;
+        if (n < e.N) out[n] = to_bf16(v[j]);
     }
 }
 
 // The plain loops: the same sums for one block and up to ROWS rows, then `finish`.
-void block_plain(const bf16* xs, long KP, const bf16* wp, long b, long m0, int R, long N, int glu,
-                 const bf16* bias, const bf16* residual, long r_sb, bf16* out, long o_sb) {
+void block_plain(const bf16* xs, long KP, const bf16* wp, long b, long m0, int R, const Epi& e) {
     float acc[ROWS][OUT] = {};
     for (long kp = 0; kp < KP; kp++) {
         const bf16* w = wp + kp * 64;
@@ -304,7 +375,7 @@ void block_plain(const bf16* xs, long KP, const bf16* wp, long b, long m0, int R
             for (int j = 0; j < OUT; j++) acc[r][j] += load(w[2 * j]) * x0 + load(w[2 * j + 1]) * x1;
         }
     }
-    for (int r = 0; r < R; r++) finish(acc[r], b, m0 + r, N, glu, bias, residual, r_sb, out, o_sb);
+    for (int r = 0; r < R; r++) finish(acc[r], b, m0 + r, e);
 }
 #endif
 
@@ -338,24 +409,44 @@ extern "C" long agentr1_packed_size(long N, long K, int glu) {
     return blocks_of(N, glu) * pairs_of(K) * 64;
 }
 
-// W [N, K] (row-major; GLU: the gate's I rows, then the up's) into the packed layout.
-extern "C" void agentr1_pack_bf16(const bf16* w, long N, long K, int glu, bf16* out) {
-    const long nb = blocks_of(N, glu), KP = pairs_of(K);
+// Whether the kernel lays out a pack of these outputs (see the top).
+bool valid_layout(long N, int glu, long rope_cols, long D) {
+    if (glu) return N % 2 == 0 && rope_cols == 0;
+    if (rope_cols == 0) return true;
+    return D > 0 && D % 32 == 0 && rope_cols % D == 0 && rope_cols <= N;
+}
+
+// W [N, K] (row-major; GLU: the gate's I rows, then the up's; rotary: the first
+// rope_cols rows are heads of D) into the packed layout; 2 for a layout it has not.
+extern "C" int agentr1_pack_bf16(const bf16* w, long N, long K, int glu, long rope_cols, long D,
+                                 bf16* out) {
+    if (!valid_layout(N, glu, rope_cols, D)) return 2;
+    const long nb = blocks_of(N, glu), KP = pairs_of(K), rope_blocks = rope_cols / 32;
 #pragma omp parallel for schedule(static)
     for (long b = 0; b < nb; b++) {
         bf16* o = out + b * KP * 64;
         for (int j = 0; j < OUT; j++) {
-            const long n = source_row(b, j, N, glu);
+            const long n = source_row(b, j, N, glu, rope_blocks, D);
             for (long k = 0; k < 2 * KP; k++)
                 o[(k / 2) * 64 + 2 * j + (k % 2)] = (n >= 0 && k < K) ? w[n * K + k] : bf16(0);
         }
     }
+    return 0;
 }
 
 extern "C" int agentr1_linear_bf16(const bf16* x, long x_sb, long M, long K, const bf16* norm,
-                                   float eps, const bf16* wp, long N, int glu, const bf16* bias,
-                                   const bf16* residual, long r_sb, bf16* out, long o_sb) {
-    if (glu && (bias != nullptr || residual != nullptr || N % 2)) return 2;
+                                   float eps, const bf16* wp, long N, int glu, long rope_cols,
+                                   long D, const bf16* bias, const bf16* residual, long r_sb,
+                                   const bf16* cos, const bf16* sin, long cs_sb, bf16* out,
+                                   long o_sb) {
+    if (!valid_layout(N, glu, rope_cols, D)) return 2;
+    if (glu && (bias != nullptr || residual != nullptr)) return 2;
+    if (rope_cols && residual != nullptr) return 2;
+    if ((cos != nullptr) != (sin != nullptr) || (cos != nullptr && rope_cols == 0)) return 2;
+    Epi e;
+    e.N = N, e.glu = glu, e.rope_blocks = rope_cols / 32, e.head_dim = D;
+    e.bias = bias, e.residual = residual, e.r_sb = r_sb;
+    e.cos = cos, e.sin = sin, e.cs_sb = cs_sb, e.out = out, e.o_sb = o_sb;
     const long KP = pairs_of(K), nb = blocks_of(N, glu);
     thread_local std::vector<bf16> staged;
     try {
@@ -384,7 +475,7 @@ extern "C" int agentr1_linear_bf16(const bf16* x, long x_sb, long M, long K, con
             auto finish = [&](Stored& s) {
                 for (int r = 0; r < s.rows; r++)
                     finish16(_mm512_load_ps(s.acc[r]), _mm512_load_ps(s.acc[r] + 16), s.b,
-                             s.m0 + r, N, glu, bias, residual, r_sb, out, o_sb);
+                             s.m0 + r, e);
                 s.rows = 0;
             };
             // GEMM blocking: a group of GROUP blocks' weights stays in this core's L2
@@ -434,9 +525,9 @@ extern "C" int agentr1_linear_bf16(const bf16* x, long x_sb, long M, long K, con
                 for (long m0 = 0; m0 < M; m0 += ROWS) {
                     const int R = int(M - m0 < ROWS ? M - m0 : ROWS);
 #if defined(__AVX512BF16__)
-                    BLOCKS[R](xs, KP, wb, b, m0, N, glu, bias, residual, r_sb, out, o_sb);
+                    BLOCKS[R](xs, KP, wb, b, m0, e);
 #else
-                    block_plain(xs, KP, wb, b, m0, R, N, glu, bias, residual, r_sb, out, o_sb);
+                    block_plain(xs, KP, wb, b, m0, R, e);
 #endif
                 }
             }
