@@ -429,7 +429,8 @@ class DecodePass:
             native = None  # the kernel takes one dtype on a CPU; torch ops promote
         attend_BT = mask_BT.to(torch.uint8).contiguous() if native is not None else mask_BT
         blocked: torch.Tensor | None = None  # 0 / -inf over the buffers' columns
-        seen_B1ST = _prefill_mask(mask_BT, S) if S > 1 else None  # the same every layer
+        # the same every layer
+        seen_B1ST = _prefill_mask(mask_BT, S, x_BSH.dtype) if S > 1 else None
         fused = self.fused(x_BSH.dtype, x_BSH.device)
         # a prefill's rotary in the q|k|v product's epilogue (a decode step's native
         # attention rotates its own; the pack's layout serves both)
@@ -513,16 +514,19 @@ class DecodePass:
         return logits_BV.float()
 
 
-def _prefill_mask(mask_BT: torch.Tensor, S: int) -> torch.Tensor:
-    """Which columns each of S new queries a row sees (T = the columns before them + S):
-    those the mask has that are not after the query. A query always sees its own
-    column, so a padding query (its column masked) attends to itself instead of to
-    nothing (NaN); its output is never read. [B, 1, S, T]"""
+def _prefill_mask(mask_BT: torch.Tensor, S: int, dtype: torch.dtype) -> torch.Tensor:
+    """Which columns each of S new queries a row sees (T = the columns before them + S),
+    as an additive mask of ``dtype`` (0 seen, -inf not; SDPA turns a boolean one into
+    this in every call): those the mask has that are not after the query. A query always
+    sees its own column, so a padding query (its column masked) attends to itself
+    instead of to nothing (NaN); its output is never read. [B, 1, S, T]"""
     T = mask_BT.shape[1]
     col_T = torch.arange(T, device=mask_BT.device)
     row_S = torch.arange(T - S, T, device=mask_BT.device)
     seen_BST = (col_T[None, :] <= row_S[:, None]) & mask_BT.bool()[:, None, :]
-    return (seen_BST | (col_T[None, :] == row_S[:, None]))[:, None]
+    seen_BST = seen_BST | (col_T[None, :] == row_S[:, None])
+    blocked_BST = torch.zeros(seen_BST.shape, dtype=dtype, device=mask_BT.device)
+    return blocked_BST.masked_fill_(~seen_BST, float("-inf"))[:, None]
 
 
 def _prefill_attention(

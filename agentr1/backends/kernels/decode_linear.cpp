@@ -448,21 +448,33 @@ extern "C" int agentr1_linear_bf16(const bf16* x, long x_sb, long M, long K, con
     e.bias = bias, e.residual = residual, e.r_sb = r_sb;
     e.cos = cos, e.sin = sin, e.cs_sb = cs_sb, e.out = out, e.o_sb = o_sb;
     const long KP = pairs_of(K), nb = blocks_of(N, glu);
+    // The inputs as the products read them: rows of 2 * KP, normalised where asked; a
+    // contiguous input of whole tiles without a norm is read where it is.
+    const bool in_place = norm == nullptr && K == 2 * KP && x_sb == K;
     thread_local std::vector<bf16> staged;
-    try {
-        // grown, never shrunk: every element a call reads it writes first, so the
-        // buffer need not be zero-filled again when products of other shapes alternate
-        const size_t need = size_t(M) * size_t(2 * KP);
-        if (staged.size() < need) staged.resize(need);
-    } catch (...) {
-        return 1;
+    if (!in_place) {
+        try {
+            // Every element a call reads it writes first: the buffer is grown (never
+            // zero-filled again when products of other shapes alternate) and given back
+            // when a call needs far less than a large one held (a prefill's, say).
+            const size_t need = size_t(M) * size_t(2 * KP), keep = size_t(16) << 20;
+            if (staged.size() > std::max(4 * need, keep)) std::vector<bf16>().swap(staged);
+            if (staged.size() < need) staged.resize(need);
+        } catch (...) {
+            return 1;
+        }
     }
-    bf16* xs = staged.data();
+    // (the calling thread's buffer: inside the parallel region `staged` names each
+    // thread's own)
+    bf16* buf = in_place ? nullptr : staged.data();
+    const bf16* xs = in_place ? x : buf;
     const int path = isa();
 #pragma omp parallel
     {
+        if (!in_place) {
 #pragma omp for schedule(static)
-        for (long m = 0; m < M; m++) stage(x, x_sb, m, K, KP, norm, eps, xs);
+            for (long m = 0; m < M; m++) stage(x, x_sb, m, K, KP, norm, eps, buf);
+        }
 #if defined(AGENTR1_AMX)
         if (path == 2) {
             // Tile shapes are per thread: one configuration per row count (M <= 16: one).
