@@ -57,6 +57,13 @@ weight below the memory's rate at decode's few rows. With ``WeightPacks.native``
 are four calls with the ops around them fused in (norm -> q|k|v, o + residual, norm ->
 gate|up -> SiLU gate, down + residual; the final norm -> head), each rounded where the
 torch ops round: only the order of the float32 sums in a product differs.
+
+Where the products are native (`DecodePass.fused`) the same pass is also the sampler's
+**prefill**: S tokens a row at once (left-padded, after any cached columns), q and k
+rotated in the q|k|v product's epilogue, the attention by the AMX kernel
+(`agentr1.backends.native.PrefillAttention`) or torch's SDPA with an additive causal,
+padding-aware mask built once a pass. Without native products the prefill keeps
+transformers' forward (the written-out one was no faster there).
 """
 
 from __future__ import annotations
@@ -69,7 +76,13 @@ import torch
 import torch.nn.functional as F
 
 from agentr1.backends.attention import one_query_attention
-from agentr1.backends.native import DecodeAttention, DecodeLinear, LinearPack, rope_layout
+from agentr1.backends.native import (
+    DecodeAttention,
+    DecodeLinear,
+    LinearPack,
+    PrefillAttention,
+    rope_layout,
+)
 
 MODEL_TYPES = ("llama", "qwen2")
 """Architectures whose decoder layer this pass writes out (both: pre-norm RMSNorm,
@@ -318,6 +331,9 @@ class DecodePass:
     """The native kernel for a layer's rotary, cache write and attention
     (`agentr1.backends.native`), used where it supports the model's dtype and device;
     None: torch operations."""
+    prefill_attention: PrefillAttention | None = None
+    """The native AMX kernel for a prefill's attention, used where it runs (bf16, heads
+    of a multiple of 32, AMX granted); None or elsewhere: torch's SDPA."""
 
     @classmethod
     def of(cls, model: Any) -> DecodePass | None:
@@ -429,8 +445,13 @@ class DecodePass:
             native = None  # the kernel takes one dtype on a CPU; torch ops promote
         attend_BT = mask_BT.to(torch.uint8).contiguous() if native is not None else mask_BT
         blocked: torch.Tensor | None = None  # 0 / -inf over the buffers' columns
-        # the same every layer
-        seen_B1ST = _prefill_mask(mask_BT, S, x_BSH.dtype) if S > 1 else None
+        # a prefill's attention: the AMX kernel, or SDPA with a mask the same every layer
+        pre = self.prefill_attention
+        head_dim = self.layers[0].head_dim
+        if S == 1 or pre is None or not pre.supports(x_BSH.dtype, x_BSH.device, head_dim):
+            pre = None
+        seen_B1ST = _prefill_mask(mask_BT, S, x_BSH.dtype) if S > 1 and pre is None else None
+        attend_u8_BT = mask_BT.to(torch.uint8).contiguous() if pre is not None else None
         fused = self.fused(x_BSH.dtype, x_BSH.device)
         # a prefill's rotary in the q|k|v product's epilogue (a decode step's native
         # attention rotates its own; the pack's layout serves both)
@@ -477,10 +498,26 @@ class DecodePass:
                     qk_BSND[:, :, Q:].transpose(1, 2), qkv_BSND[:, :, Q + K :].transpose(1, 2)
                 )
                 q_BQSD = qk_BSND[:, :, :Q].transpose(1, 2)
-                if seen_B1ST is not None:
-                    o_BSX = _prefill_attention(
-                        q_BQSD, keys_BKCD, values_BKCD, seen_B1ST, layer.scaling
-                    )
+                if S > 1:
+                    o_native: torch.Tensor | None = None
+                    if pre is not None:
+                        assert attend_u8_BT is not None
+                        o_native = pre(
+                            qk_BSND[:, :, :Q],
+                            keys_BKCD,
+                            values_BKCD,
+                            mask_BT.shape[1],
+                            attend_u8_BT,
+                            layer.scaling,
+                        )
+                    if o_native is not None:
+                        o_BSX = o_native
+                    else:  # SDPA
+                        if seen_B1ST is None:
+                            seen_B1ST = _prefill_mask(mask_BT, S, x_BSH.dtype)
+                        o_BSX = _prefill_attention(
+                            q_BQSD, keys_BKCD, values_BKCD, seen_B1ST, layer.scaling
+                        )
                 else:
                     if blocked is None:  # the buffers' width, the same for every layer
                         C = keys_BKCD.shape[-2]

@@ -93,7 +93,7 @@ from transformers.cache_utils import DynamicLayer
 from agentr1.backends.attention import use_decode_sdpa
 from agentr1.backends.base import Completion, SamplingParams
 from agentr1.backends.decode import DecodePass, WeightPacks
-from agentr1.backends.native import decode_attention, decode_linear
+from agentr1.backends.native import decode_attention, decode_linear, prefill_attention
 
 MIN_COMPACT_ROWS = 2
 """Fewer finished rows are fed padding to the end of the call: dropping them from the
@@ -889,7 +889,9 @@ class HFGenerator:
             return None
         cpu = self.model.device.type == "cpu"
         if self.native_attention and cpu:
-            decode = replace(decode, attention=decode_attention())
+            decode = replace(
+                decode, attention=decode_attention(), prefill_attention=prefill_attention()
+            )
         if decode.linear_bytes() > self.pack_weights_bytes or not decode.packable():
             self.packs.clear()  # the modules' own weights: no copy
             return decode

@@ -1,6 +1,6 @@
-"""Native kernels for the ``hf`` sampler's decode pass, built on first use.
+"""Native kernels for the ``hf`` sampler's written-out pass, built on first use.
 
-Two kernels, each a C++ source in ``kernels/`` (with the shared ``bf16.h``):
+Three kernels, each a C++ source in ``kernels/`` (with the shared ``bf16.h``):
 
 - `DecodeAttention` (``decode_attention.cpp``): a decode step's rotary embedding,
   KV-cache write and grouped-query softmax attention for every (row, key head) pair in
@@ -18,7 +18,13 @@ Two kernels, each a C++ source in ``kernels/`` (with the shared ``bf16.h``):
   the process use them), else AVX512-BF16 (`DecodeLinear.isa`); at decode's few rows both
   read the weight at about the memory's rate. Builds for a CPU with neither compute the
   same in plain loops, slowly, and say so (`DecodeLinear.fast`): the pass keeps oneDNN's
-  products there.
+  products there. A q|k|v pack can also rotate a prefill's q and k heads as it writes
+  them.
+- `PrefillAttention` (``prefill_attention.cpp``): a bf16 prefill's causal grouped-query
+  attention on AMX tiles (16 queries of a head against 16 keys a tile for the scores,
+  float32 softmax, the weighted values 32 keys a tile), visiting only the key blocks up
+  to each tile's last query. Where this build or process has no AMX it does not run and
+  the pass keeps torch's SDPA.
 
 Building: the machine's C++ compiler (``$CXX``, else ``c++`` / ``g++`` / ``clang++``)
 compiles a source with ``-O3 -march=native`` into ``$AGENTR1_KERNEL_DIR`` (default
@@ -30,8 +36,9 @@ torch has already loaded (the same ``libgomp.so.1``), so the kernel's threads ar
 where ``-fopenmp`` does not compile the kernel is built single-threaded.
 
 Where there is no compiler, the build fails or ``AGENTR1_NATIVE=0`` is set,
-`decode_attention()` / `decode_linear()` return None (with one warning naming the reason)
-and the pass keeps its torch operations: the same functions, rounded differently.
+`decode_attention()` / `decode_linear()` / `prefill_attention()` return None (with one
+warning naming the reason) and the pass keeps its torch operations: the same functions,
+rounded differently.
 """
 
 from __future__ import annotations
@@ -56,6 +63,7 @@ log = logging.getLogger(__name__)
 KERNELS = Path(__file__).parent / "kernels"
 SOURCE = KERNELS / "decode_attention.cpp"
 LINEAR_SOURCE = KERNELS / "decode_linear.cpp"
+PREFILL_SOURCE = KERNELS / "prefill_attention.cpp"
 OFF_ENV = "AGENTR1_NATIVE"
 """Set to 0 to never build or load native kernels."""
 DIR_ENV = "AGENTR1_KERNEL_DIR"
@@ -462,6 +470,99 @@ class DecodeLinear:
         return out.view(*lead, out_cols)
 
 
+class PrefillAttention:
+    """The loaded ``prefill_attention`` kernel: causal grouped-query attention of a bf16
+    prefill on AMX tiles (``kernels/prefill_attention.cpp``): ``attention(q, keys, values,
+    T, attend, K, scale) -> [B, S, Q x D]``, or None where it does not run (no AMX here,
+    a head size it has not): the caller keeps torch's SDPA.
+
+    Query ``s`` of a row (its column ``T - S + s``) sees the columns up to its own that the
+    row attends, and always its own (a padding query attends to itself). Scores, softmax
+    and the weighted sum in float32 with the weights rounded once to bf16 before the
+    product with the values, the output normalised in float32 and rounded once: within a
+    bf16 rounding of the exact attention (`tests/unit/test_native.py`).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.lib = load_library(path)
+        self.path = path
+        long, int_, ptr = ctypes.c_long, ctypes.c_int, ctypes.c_void_p
+        self.lib.agentr1_prefill_attention_ready.restype = int_
+        self.lib.agentr1_prefill_attention_ready.argtypes = []
+        fn = self.lib.agentr1_prefill_attention_bf16
+        fn.restype = int_
+        fn.argtypes = [ptr, long, long, ptr, ptr, long, long, long, ptr, long, ptr]
+        fn.argtypes += [int_, int_, int_, int_, int_, ctypes.c_float]
+        self._fn = fn
+
+    @property
+    def ready(self) -> bool:
+        """Whether calls run here (this build has AMX and the OS grants it)."""
+        return bool(self.lib.agentr1_prefill_attention_ready())
+
+    def supports(self, dtype: torch.dtype, device: torch.device, head_dim: int) -> bool:
+        return (
+            self.ready and device.type == "cpu" and dtype == torch.bfloat16 and head_dim % 32 == 0
+        )
+
+    def __call__(
+        self,
+        q_BSQD: torch.Tensor,
+        keys_BKCD: torch.Tensor,
+        values_BKCD: torch.Tensor,
+        T: int,
+        attend_BT: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor | None:
+        """Attention of ``q_BSQD`` (the rotated query heads; rows may be strided, heads
+        must be packed) over the first ``T`` columns of the cache buffers, as
+        ``attend_BT`` (``[B, T]`` uint8) allows. [B, S, Q x D], or None where the kernel
+        does not run."""
+        B, S, Q, D = q_BSQD.shape
+        K = keys_BKCD.shape[1]
+        if not self.supports(q_BSQD.dtype, q_BSQD.device, D):
+            return None
+        for name, t in (("q", q_BSQD), ("keys", keys_BKCD), ("values", values_BKCD)):
+            if t.dtype != torch.bfloat16 or t.stride(-1) != 1 or t.stride(-2) != D:
+                raise ValueError(f"prefill attention: {name} must be bf16 with packed heads")
+        if keys_BKCD.stride() != values_BKCD.stride() or keys_BKCD.shape[2] < T or S > T:
+            raise ValueError(
+                f"prefill attention: {S} queries over {T} columns of buffers "
+                f"{tuple(keys_BKCD.shape)} / {tuple(values_BKCD.shape)}"
+            )
+        if Q % K or attend_BT.shape != (B, T) or attend_BT.dtype != torch.uint8:
+            raise ValueError(
+                f"prefill attention: {Q} query heads over {K} key heads, attend "
+                f"{tuple(attend_BT.shape)} {attend_BT.dtype} for [{B}, {T}] uint8"
+            )
+        attend = attend_BT.contiguous()
+        out = torch.empty((B, S, Q * D), dtype=torch.bfloat16)
+        code = self._fn(
+            q_BSQD.data_ptr(),
+            q_BSQD.stride(0),
+            q_BSQD.stride(1),
+            keys_BKCD.data_ptr(),
+            values_BKCD.data_ptr(),
+            keys_BKCD.stride(0),
+            keys_BKCD.stride(1),
+            T,
+            attend.data_ptr(),
+            attend.stride(0),
+            out.data_ptr(),
+            B,
+            S,
+            Q,
+            K,
+            D,
+            scale,
+        )
+        if code == 3:
+            return None
+        if code:
+            raise MemoryError("prefill attention: the kernel's scratch memory")
+        return out
+
+
 _LOADED: dict[str, Any] = {}
 
 
@@ -494,4 +595,11 @@ def decode_attention() -> DecodeAttention | None:
 def decode_linear() -> DecodeLinear | None:
     """The bf16 product kernel, as `decode_attention` (None: off or not buildable)."""
     kernel: DecodeLinear | None = _load("decode_linear", LINEAR_SOURCE, DecodeLinear)
+    return kernel
+
+
+def prefill_attention() -> PrefillAttention | None:
+    """The AMX prefill-attention kernel, as `decode_attention` (None: off or not
+    buildable; a loaded one may still not run here: `PrefillAttention.ready`)."""
+    kernel: PrefillAttention | None = _load("prefill_attention", PREFILL_SOURCE, PrefillAttention)
     return kernel

@@ -187,8 +187,11 @@ def test_one_bf16_step_agrees_and_reads_the_weights_as_they_are_now(
     if packed:
         kernel = native_products() if products == "native" else None
         pass_ = replace(pass_, packs=decode.WeightPacks(native=kernel))
+    prefill_calls = count_rows(monkeypatch, native.PrefillAttention)
     if attention == "native":
-        pass_ = replace(pass_, attention=native_kernel())
+        pass_ = replace(
+            pass_, attention=native_kernel(), prefill_attention=native.prefill_attention()
+        )
 
     def step(fast: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """The logits of a prefill of PROMPTS and of one decode step after it."""
@@ -220,6 +223,12 @@ def test_one_bf16_step_agrees_and_reads_the_weights_as_they_are_now(
     # natively: four calls a layer and the head's, in each of the four fast passes
     layers = model.config.num_hidden_layers
     assert product_calls == ([4] * (4 * layers + 1) * 4 if products == "native" else [])
+    # the AMX prefill attention, once a layer of each fast prefill, where it runs (bf16,
+    # heads of a multiple of 32, AMX granted); SDPA elsewhere
+    kernel = native.prefill_attention()
+    head = model.config.hidden_size // model.config.num_attention_heads
+    runs = attention == "native" and kernel is not None and kernel.ready and head % 32 == 0
+    assert prefill_calls == ([4] * layers * 2 if runs else [])
 
 
 def generate_twice(gen: HFGenerator, change: Any) -> tuple[list[Completion], list[Completion]]:

@@ -200,3 +200,76 @@ def test_without_a_kernel_the_pass_keeps_torch_ops_and_says_why(
     monkeypatch.delenv("CXX")
     monkeypatch.setenv(native.OFF_ENV, "0")
     assert native.decode_attention() is None and native._LOADED == {}  # off: not even built
+
+
+# ------------------------------------------------------------ the prefill's attention
+def prefill_exact(
+    q_BSQD: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    attend_BT: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """The prefill's attention in float64: query s (column T - S + s) sees the attended
+    columns up to its own, and its own. [B, S, Q x D]"""
+    B, S, Q, D = q_BSQD.shape
+    K, T = keys.shape[1], attend_BT.shape[1]
+    k = keys[:, :, :T].double().repeat_interleave(Q // K, 1)
+    v = values[:, :, :T].double().repeat_interleave(Q // K, 1)
+    col, row = torch.arange(T), torch.arange(T - S, T)
+    seen = ((col[None] <= row[:, None]) & attend_BT.bool()[:, None, :]) | (
+        col[None] == row[:, None]
+    )
+    scores = (q_BSQD.transpose(1, 2).double() @ k.transpose(-1, -2)) * scale
+    p = scores.masked_fill(~seen[:, None], float("-inf")).softmax(-1)
+    return (p @ v).transpose(1, 2).reshape(B, S, Q * D)
+
+
+PREFILL_CASES = [
+    # rows, new queries, cached columns before them, query heads, key heads, head size
+    (2, 37, 0, 4, 2, 64),  # a prompt prefill, two query heads a key head
+    (3, 20, 13, 9, 3, 64),  # after kept columns (a later turn), SmolLM2's grouping
+    (1, 70, 5, 2, 1, 32),  # one row (a shared prefix), heads of 32
+    (2, 17, 0, 2, 2, 128),  # heads of 128, no grouping
+]
+
+
+@pytest.mark.parametrize(
+    "case", PREFILL_CASES, ids=[f"S{c[1]}-P{c[2]}-D{c[5]}" for c in PREFILL_CASES]
+)
+def test_the_prefill_kernel_attends_causally_within_a_rounding(case: tuple[int, ...]) -> None:
+    kernel = native.prefill_attention()
+    if kernel is None or not kernel.ready:
+        pytest.skip("no AMX prefill-attention kernel here (no compiler, no AMX, or not granted)")
+    B, S, P, Q, K, D = case
+    T = P + S
+    g = torch.Generator().manual_seed(sum(case))
+    qkv = torch.randn(B, S, Q + 2 * K, D, generator=g).bfloat16()
+    q = qkv[:, :, :Q]  # rows strided, as the pass's q|k|v output holds them
+    keys = torch.randn(B, K, T + 11, D, generator=g).bfloat16()  # a reserved buffer
+    values = torch.randn(B, K, T + 11, D, generator=g).bfloat16()
+    keys[:, :, T:] = float("nan")  # columns past T are never read
+    attend = torch.ones(B, T, dtype=torch.uint8)
+    attend[0, :3] = 0  # row 0 left-padded
+    if P:
+        attend[-1, 1:4] = 0  # padding inside the kept columns
+    out = kernel(q, keys, values, T, attend, D**-0.5)
+    assert out is not None and out.shape == (B, S, Q * D) and out.dtype == torch.bfloat16
+    truth = prefill_exact(q, keys, values, attend, D**-0.5)
+    # SDPA on the same bf16 inputs: the size of a bf16 rounding of this attention
+    col, row = torch.arange(T), torch.arange(T - S, T)
+    seen = ((col[None] <= row[:, None]) & attend.bool()[:, None, :]) | (col[None] == row[:, None])
+    sdpa = F.scaled_dot_product_attention(
+        q.transpose(1, 2),
+        keys[:, :, :T],
+        values[:, :, :T],
+        attn_mask=seen[:, None],
+        scale=D**-0.5,
+        enable_gqa=True,
+    )
+    sdpa = sdpa.transpose(1, 2).reshape(B, S, Q * D)
+    real = attend[:, T - S :].bool()[:, :, None].expand(B, S, Q * D)  # padding queries unread
+    err, base = (out.double() - truth).abs()[real], (sdpa.double() - truth).abs()[real]
+    # padding queries too: their outputs become keys and values the next layer multiplies
+    assert torch.isfinite(out).all()
+    assert err.max() <= 2 * base.max() and err.mean() <= 2 * base.mean()
