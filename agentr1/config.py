@@ -116,7 +116,7 @@ class ModelConfig:
     multiplies by weights packed for a C++ kernel built like ``native_attention``'s, each
     layer's RMSNorms, residual adds and SiLU gate fused into its four products, and
     that pass prefills the prompts too (SmolLM2: decode passes 1.15-1.3x faster than
-    with oneDNN's products, prefills 1.1-1.3x faster than transformers' forward; within
+    with oneDNN's products, prefills 1.1-1.5x faster than transformers' forward; within
     ``pack_weights_gib``). false, another dtype or CPU, no
     compiler, or ``AGENTR1_NATIVE=0``: oneDNN's packs and torch ops."""
     backend: Literal["hf", "vllm", "auto"] = "hf"
