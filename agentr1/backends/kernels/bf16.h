@@ -1,6 +1,6 @@
-// bfloat16 <-> float32 for the native decode kernels (agentr1/backends/native.py):
-// torch's rounding (nearest even, NaN kept NaN), scalar and, where the compiler targets
-// AVX-512, 16 lanes at a time.
+// bfloat16 <-> float32 for the native kernels (agentr1/backends/native.py): torch's
+// rounding (nearest even, NaN kept NaN), scalar and, where the compiler targets AVX-512,
+// 16 lanes at a time; and exp on 16 lanes.
 #pragma once
 
 #include <cstdint>
@@ -56,6 +56,24 @@ inline __m256i to_bf16x16(__m512 f) {
     __mmask16 is_nan = _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q);
     r = _mm512_mask_mov_epi32(r, is_nan, nan);
     return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
+}
+
+// exp(x) on 16 lanes (Cephes' reduction and polynomial, ~1 ulp; x clamped to [-87, 88],
+// where float32's exp neither underflows nor overflows).
+inline __m512 exp16(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+    const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 r = _mm512_add_ps(_mm512_sub_ps(x, _mm512_mul_ps(k, _mm512_set1_ps(0.693359375f))),
+                                   _mm512_mul_ps(k, _mm512_set1_ps(2.12194440e-4f)));
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, k);
 }
 #endif
 

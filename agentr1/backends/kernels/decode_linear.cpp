@@ -62,11 +62,7 @@
 #include <omp.h>
 #endif
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__linux__)
-#define AGENTR1_AMX 1
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
+#include "amx.h"
 
 namespace {
 
@@ -159,23 +155,6 @@ inline __m512 widen(__m256i h) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-// exp(x) on 16 lanes (Cephes' reduction and polynomial, ~1 ulp; x clamped to
-// [-87, 88], where float32's exp neither underflows nor overflows).
-inline __m512 exp16(__m512 x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
-    const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 r = _mm512_add_ps(_mm512_sub_ps(x, _mm512_mul_ps(k, _mm512_set1_ps(0.693359375f))),
-                                   _mm512_mul_ps(k, _mm512_set1_ps(2.12194440e-4f)));
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, k);
-}
 
 // 16 lanes to bf16 by the instruction (round to nearest even, NaN quieted, as torch;
 // it also flushes float32 denormals, below 1.2e-38, to zero, where torch keeps them).
@@ -193,7 +172,7 @@ inline void finish16(__m512 lo, __m512 hi, long b, long m, const Epi& e) {
         const long I = e.N / 2, i0 = b * 16;
         const __m512 g = rounded16(lo), u = rounded16(hi);
         const __m512 s = rounded16(_mm512_div_ps(
-            g, _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g)))));
+            g, _mm512_add_ps(_mm512_set1_ps(1.0f), agentr1::exp16(_mm512_sub_ps(_mm512_setzero_ps(), g)))));
         _mm256_mask_storeu_epi16(out + i0, tail(I - i0), bf16x16(_mm512_mul_ps(s, u)));
         return;
     }
@@ -255,24 +234,11 @@ const BlockFn BLOCKS[ROWS + 1] = {nullptr,  block<1>, block<2>, block<3>, block<
                                   block<5>, block<6>, block<7>, block<8>};
 
 #if defined(AGENTR1_AMX)
-// The tile registers' layout (palette 1): tiles 0, 1, 5, 6 sums (R rows x 16 float32),
-// 2, 7 inputs (R rows x 32 bf16), 3, 4 weights (16 input pairs x 16 outputs x 2).
-struct alignas(64) TileConfig {
-    uint8_t palette = 1;
-    uint8_t start_row = 0;
-    uint8_t reserved[14] = {};
-    uint16_t colsb[16] = {};
-    uint8_t rows[16] = {};
-};
+using agentr1::amx_permitted;
 
-void configure_tiles(int R) {
-    TileConfig c;
-    for (int t = 0; t < 8; t++) {
-        c.colsb[t] = 64;
-        c.rows[t] = uint8_t(t == 3 || t == 4 ? TILE_PAIRS : R);
-    }
-    _tile_loadconfig(&c);
-}
+// The tile registers' layout: tiles 0, 1, 5, 6 sums (R rows x 16 float32), 2, 7 inputs
+// (R rows x 32 bf16), 3, 4 weights (16 input pairs x 16 outputs x 2).
+inline void configure_tiles(int R) { agentr1::configure_tiles(R, 8, (1u << 3) | (1u << 4)); }
 
 // The sums of R rows (R <= 16, tiles 0 and 1) or 32 rows (two row tiles sharing each
 // weight tile: tiles 0, 1, 5, 6) against one block, left in the tiles.
@@ -314,12 +280,6 @@ inline void store_amx(Stored& s, long b, long m0, int rows) {
     s.b = b, s.m0 = m0, s.rows = rows;
 }
 
-// Whether this process may use the tile registers (asked once).
-bool amx_permitted() {
-    static const bool ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */,
-                                   18 /* XFEATURE_XTILEDATA */) == 0;
-    return ok;
-}
 #endif
 #else
 inline float silu(float g) { return g / (1.0f + std::exp(-g)); }

@@ -31,11 +31,7 @@
 
 #include "bf16.h"
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__linux__)
-#define AGENTR1_AMX 1
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
+#include "amx.h"
 
 namespace {
 
@@ -45,50 +41,14 @@ using agentr1::bf16;
 constexpr int TQ = 16;  // queries a tile
 constexpr int TK = 16;  // keys a score tile
 
-bool amx_permitted() {
-    static const bool ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */,
-                                   18 /* XFEATURE_XTILEDATA */) == 0;
-    return ok;
-}
+using agentr1::amx_permitted;
 
 // Tiles 0-3: sums (R rows x 16 float32); 4: the A operand (R rows x 32 bf16); 5: the B
 // operand (16 pairs x 16 columns x 2).
-struct alignas(64) TileConfig {
-    uint8_t palette = 1;
-    uint8_t start_row = 0;
-    uint8_t reserved[14] = {};
-    uint16_t colsb[16] = {};
-    uint8_t rows[16] = {};
-};
-
-void configure(int R) {
-    TileConfig c;
-    for (int t = 0; t < 6; t++) {
-        c.colsb[t] = 64;
-        c.rows[t] = uint8_t(t == 5 ? 16 : R);
-    }
-    _tile_loadconfig(&c);
-}
+inline void configure(int R) { agentr1::configure_tiles(R, 6, 1u << 5); }
 
 inline __m256i bf16x16(__m512 v) { return (__m256i)_mm512_cvtneps_pbh(v); }
 
-// exp(x) for x <= 0 on 16 lanes (Cephes' reduction and polynomial; 0 below -87).
-inline __m512 exp16(__m512 x) {
-    const __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_LT_OQ);
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 r = _mm512_add_ps(_mm512_sub_ps(x, _mm512_mul_ps(k, _mm512_set1_ps(0.693359375f))),
-                                   _mm512_mul_ps(k, _mm512_set1_ps(2.12194440e-4f)));
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
-    return _mm512_maskz_mov_ps(~under, _mm512_scalef_ps(p, k));
-}
 
 // The keys of one (row, head) as B tiles of q k^T: [T/16 blocks][D/2 pairs][16 keys][2],
 // and the values as B tiles of w v: [T'/2 key pairs][D][2] (T' = T rounded up to 32);
@@ -186,7 +146,10 @@ void tile(const bf16* q, long q_ss, long s0, int R, long S, long T, long TP, lon
         bf16* wr = w + r * TP;
         long c = 0;
         for (; c + 16 <= p + 1; c += 16) {
-            const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(row + c), mv));
+            // exp of x <= 0, 0 below -87 (a masked column's -inf included)
+            const __m512 x = _mm512_sub_ps(_mm512_loadu_ps(row + c), mv);
+            const __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_LT_OQ);
+            const __m512 e = _mm512_maskz_mov_ps(~under, agentr1::exp16(x));
             const __m256i h = bf16x16(e);
             sv = _mm512_add_ps(sv, agentr1::load16(reinterpret_cast<const bf16*>(&h)));
             _mm256_storeu_si256(reinterpret_cast<__m256i*>(wr + c), h);
