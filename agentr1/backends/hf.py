@@ -862,19 +862,31 @@ class HFGenerator:
 
     def _decode_step(
         self,
-        feed_BS: torch.Tensor,
+        feed_B1: torch.Tensor,
+        mask_BT: torch.Tensor,
+        position_ids_B1: torch.Tensor,
+        cache: DynamicCache,
+        decode: DecodePass | None,
+    ) -> torch.Tensor:
+        """One decode pass (one token a row): ``decode`` when there is one, else
+        transformers' forward; float32 logits ``[B, V]``."""
+        return self._pass(feed_B1, mask_BT, position_ids_B1, cache, decode)
+
+    def _pass(
+        self,
+        ids_BS: torch.Tensor,
         mask_BT: torch.Tensor,
         position_ids_BS: torch.Tensor,
         cache: DynamicCache,
         decode: DecodePass | None,
     ) -> torch.Tensor:
         """One pass over S tokens a row (a decode step: one; a prefill: the prompts'
-        left-padded rest): ``decode`` when there is one, else transformers' forward;
-        float32 logits of the last column ``[B, V]``."""
+        left-padded rest) through ``decode``, or (None) transformers' forward; float32
+        logits of the last column ``[B, V]``."""
         if decode is None:
-            return self._forward(feed_BS, mask_BT, position_ids_BS, cache)
+            return self._forward(ids_BS, mask_BT, position_ids_BS, cache)
         self.last_stats.forward_passes += 1
-        return decode(feed_BS, mask_BT, position_ids_BS, cache.layers)
+        return decode(ids_BS, mask_BT, position_ids_BS, cache.layers)
 
     def _decode_pass(self, cache: DynamicCache) -> DecodePass | None:
         """The written-out pass for this call's decode steps (and its prefill, where the
@@ -915,16 +927,16 @@ class HFGenerator:
         P = min(P, min(len(p) for p in prompts) - 1)  # every row keeps a token to prefill
         if P < MIN_SHARED_PREFIX:
             ids_BT, mask_BT, position_ids_BT = left_pad(prompts, self.pad_id, device)
-            return self._decode_step(ids_BT, mask_BT, position_ids_BT, cache, decode), mask_BT
+            return self._pass(ids_BT, mask_BT, position_ids_BT, cache, decode), mask_BT
         ones_1P = torch.ones((1, P), dtype=torch.long, device=device)
         prefix_1P = torch.tensor([prompts[0][:P]], dtype=torch.long, device=device)
         positions_1P = torch.arange(P, device=device)[None]
-        self._decode_step(prefix_1P, ones_1P, positions_1P, cache, decode)
+        self._pass(prefix_1P, ones_1P, positions_1P, cache, decode)
         cache.batch_repeat_interleave(len(prompts))
         ids_BT, rest_mask_BT, rest_pos_BT = left_pad([p[P:] for p in prompts], self.pad_id, device)
         mask_BT = torch.cat([ones_1P.expand(len(prompts), P), rest_mask_BT], dim=-1)
         self.last_stats.shared_prefix_tokens += P * (len(prompts) - 1)
-        return self._decode_step(ids_BT, mask_BT, rest_pos_BT + P, cache, decode), mask_BT
+        return self._pass(ids_BT, mask_BT, rest_pos_BT + P, cache, decode), mask_BT
 
     def _prefill_kept(
         self,
@@ -956,7 +968,7 @@ class HFGenerator:
         mask_BT = torch.cat([kept_mask_BC, new_mask_BT], dim=-1)
         position_ids_BT = new_pos_BT + torch.tensor(lens_B, device=device)[:, None]
         self.last_stats.kept_tokens += sum(lens_B)
-        return self._decode_step(ids_BT, mask_BT, position_ids_BT, cache, decode), mask_BT
+        return self._pass(ids_BT, mask_BT, position_ids_BT, cache, decode), mask_BT
 
     def _keep_rows(
         self,

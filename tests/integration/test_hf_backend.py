@@ -503,6 +503,7 @@ def test_finished_rows_leave_the_decode_batch_and_change_nothing(
     step = hf.HFGenerator._decode_step
 
     def spy(self: HFGenerator, feed_B1: torch.Tensor, *args: object) -> torch.Tensor:
+        assert feed_B1.shape[1] == 1  # decode steps only: prefills go another way
         widths.append(feed_B1.shape[0])
         return step(self, feed_B1, *args)  # type: ignore[arg-type]
 
