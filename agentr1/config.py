@@ -117,8 +117,8 @@ class ModelConfig:
     layer's RMSNorms, residual adds and SiLU gate fused into its four products, and
     that pass prefills the prompts too (SmolLM2: decode passes 1.15-1.3x faster than
     with oneDNN's products, prefills 1.1-1.5x faster than transformers' forward; within
-    ``pack_weights_gib``). false, another dtype or CPU, no
-    compiler, or ``AGENTR1_NATIVE=0``: oneDNN's packs and torch ops."""
+    ``pack_weights_gib``). false, another dtype or CPU, no compiler, or
+    ``AGENTR1_NATIVE=0``: oneDNN's packs and torch ops."""
     backend: Literal["hf", "vllm", "auto"] = "hf"
     """The rollout engine: "hf" (transformers, in this process), "vllm" (a vLLM engine in
     this process, weights synced after every update, `agentr1.backends.vllm`; needs

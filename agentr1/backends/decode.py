@@ -443,19 +443,22 @@ class DecodePass:
             not native.supports(x_BSH.dtype, x_BSH.device) or cos.dtype != x_BSH.dtype
         ):
             native = None  # the kernel takes one dtype on a CPU; torch ops promote
-        attend_BT = mask_BT.to(torch.uint8).contiguous() if native is not None else mask_BT
-        blocked: torch.Tensor | None = None  # 0 / -inf over the buffers' columns
         # a prefill's attention: the AMX kernel, or SDPA with a mask the same every layer
+        # (made at the first layer that needs it)
         pre = self.prefill_attention
         head_dim = self.layers[0].head_dim
         if S == 1 or pre is None or not pre.supports(x_BSH.dtype, x_BSH.device, head_dim):
             pre = None
-        seen_B1ST = _prefill_mask(mask_BT, S, x_BSH.dtype) if S > 1 and pre is None else None
-        attend_u8_BT = mask_BT.to(torch.uint8).contiguous() if pre is not None else None
+        seen_B1ST: torch.Tensor | None = None
+        # the attended columns as the native kernels read them (either kernel runs)
+        attend_u8_BT = None
+        if native is not None or pre is not None:
+            attend_u8_BT = mask_BT.to(torch.uint8).contiguous()
+        blocked: torch.Tensor | None = None  # 0 / -inf over the buffers' columns
         fused = self.fused(x_BSH.dtype, x_BSH.device)
         # a prefill's rotary in the q|k|v product's epilogue (a decode step's native
         # attention rotates its own; the pack's layout serves both)
-        rope_ok = fused and rope_layout(self.layers[0].head_dim)
+        rope_ok = fused and rope_layout(head_dim)
         rotate = rope_ok and S > 1 and cos_BSD.dtype == x_BSH.dtype
         for layer, cache in zip(self.layers, cache_layers, strict=True):
             Q, K, D = layer.q_heads, layer.kv_heads, layer.head_dim
@@ -478,6 +481,7 @@ class DecodePass:
             if native is not None and claimed is not None:
                 # rotary, the cache's new column and the attention in one native call
                 keys_BKCD, values_BKCD, n = claimed
+                assert attend_u8_BT is not None
                 o_BSX = native(
                     qkv_BSND[:, 0],
                     cos[:, 0, 0],
@@ -485,7 +489,7 @@ class DecodePass:
                     keys_BKCD,
                     values_BKCD,
                     n,
-                    attend_BT,
+                    attend_u8_BT,
                     Q,
                     K,
                     layer.scaling,

@@ -309,14 +309,16 @@ class LinearPack:
 
 class DecodeLinear:
     """The loaded ``decode_linear`` kernel: ``linear(x, pack, norm=, eps=, bias=,
-    residual=) -> [..., out]`` for bf16 CPU tensors (module docstring; the arithmetic is
-    in ``kernels/decode_linear.cpp``).
+    residual=, cos=, sin=) -> [..., out]`` for bf16 CPU tensors (module docstring; the
+    arithmetic is in ``kernels/decode_linear.cpp``).
 
     ``norm`` (a ``[in]`` bf16 weight) applies transformers' RMSNorm to ``x`` first (float32
     inside, rounded where it rounds); ``residual`` is added to the rounded product; a
     ``glu`` pack gives ``silu(gate) * up``, each rounded as the torch ops round them. Only
     the order of the float32 sums differs from ``F.linear``: within a bf16 rounding of
-    the exact product (`tests/unit/test_native_linear.py`).
+    the exact product (`tests/unit/test_native_linear.py`). ``cos`` / ``sin`` (``[...,
+    head_dim]``, a rotary pack's) rotate its query and key heads as transformers'
+    ``q * cos + rotate_half(q) * sin`` does, rounded op by op.
     """
 
     def __init__(self, path: Path) -> None:
@@ -473,8 +475,8 @@ class DecodeLinear:
 class PrefillAttention:
     """The loaded ``prefill_attention`` kernel: causal grouped-query attention of a bf16
     prefill on AMX tiles (``kernels/prefill_attention.cpp``): ``attention(q, keys, values,
-    T, attend, K, scale) -> [B, S, Q x D]``, or None where it does not run (no AMX here,
-    a head size it has not): the caller keeps torch's SDPA.
+    T, attend, scale) -> [B, S, Q x D]``, or None where it does not run (no AMX here, a
+    head size it has not): the caller keeps torch's SDPA.
 
     Query ``s`` of a row (its column ``T - S + s``) sees the columns up to its own that the
     row attends, and always its own (a padding query attends to itself). Scores, softmax

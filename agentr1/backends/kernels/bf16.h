@@ -37,13 +37,17 @@ template <> inline bf16 store<bf16>(float f) { return to_bf16(f); }
 template <typename T> inline float rounded(float f) { return load(store<T>(f)); }
 
 #if defined(__AVX512F__)
+// 16 bfloat16 lanes widened to float32 (exact).
+inline __m512 widen16(__m256i h) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
 // 16 values widened to float32.
 template <typename T> inline __m512 load16(const T* p) {
     if constexpr (sizeof(T) == 4) {
         return _mm512_loadu_ps(reinterpret_cast<const float*>(p));
     } else {
-        __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+        return widen16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
     }
 }
 
@@ -57,6 +61,12 @@ inline __m256i to_bf16x16(__m512 f) {
     r = _mm512_mask_mov_epi32(r, is_nan, nan);
     return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
 }
+
+#if defined(__AVX512BF16__)
+// The same by the instruction (round to nearest even, NaN quieted, as torch; it also
+// flushes float32 denormals, below 1.2e-38, to zero, where torch keeps them).
+inline __m256i bf16x16(__m512 v) { return (__m256i)_mm512_cvtneps_pbh(v); }
+#endif
 
 // exp(x) on 16 lanes (Cephes' reduction and polynomial, ~1 ulp; x clamped to [-87, 88],
 // where float32's exp neither underflows nor overflows).

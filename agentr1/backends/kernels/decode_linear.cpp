@@ -140,8 +140,7 @@ void stage(const bf16* x, long x_sb, long m, long K, long KP, const bf16* norm, 
         const __m512 r = _mm512_set1_ps(rstd);
         for (; k + 16 <= K; k += 16) {
             const __m256i h = agentr1::to_bf16x16(_mm512_mul_ps(agentr1::load16(xr + k), r));
-            const __m512 hw = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-            const __m512 y = _mm512_mul_ps(agentr1::load16(norm + k), hw);
+            const __m512 y = _mm512_mul_ps(agentr1::load16(norm + k), agentr1::widen16(h));
             _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + k), agentr1::to_bf16x16(y));
         }
 #endif
@@ -151,15 +150,11 @@ void stage(const bf16* x, long x_sb, long m, long K, long KP, const bf16* norm, 
 }
 
 #if defined(__AVX512BF16__)
-inline __m512 widen(__m256i h) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
+using agentr1::bf16x16;
+using agentr1::widen16;
 
 
-// 16 lanes to bf16 by the instruction (round to nearest even, NaN quieted, as torch;
-// it also flushes float32 denormals, below 1.2e-38, to zero, where torch keeps them).
-inline __m256i bf16x16(__m512 v) { return (__m256i)_mm512_cvtneps_pbh(v); }
-inline __m512 rounded16(__m512 v) { return widen(bf16x16(v)); }
+inline __m512 rounded16(__m512 v) { return widen16(bf16x16(v)); }
 
 inline __mmask16 tail(long left) {
     return left >= 16 ? __mmask16(0xffff) : left <= 0 ? __mmask16(0) : __mmask16((1u << left) - 1);
@@ -203,10 +198,10 @@ inline void finish16(__m512 lo, __m512 hi, long b, long m, const Epi& e) {
         const long n0 = b * OUT + 16 * h;
         const __mmask16 k = tail(e.N - n0);
         __m512 v = h ? hi : lo;
-        if (e.bias) v = _mm512_add_ps(v, widen(_mm256_maskz_loadu_epi16(k, e.bias + n0)));
+        if (e.bias) v = _mm512_add_ps(v, widen16(_mm256_maskz_loadu_epi16(k, e.bias + n0)));
         v = rounded16(v);
         if (e.residual)
-            v = _mm512_add_ps(widen(_mm256_maskz_loadu_epi16(k, e.residual + m * e.r_sb + n0)), v);
+            v = _mm512_add_ps(widen16(_mm256_maskz_loadu_epi16(k, e.residual + m * e.r_sb + n0)), v);
         _mm256_mask_storeu_epi16(out + n0, k, bf16x16(v));
     }
 }

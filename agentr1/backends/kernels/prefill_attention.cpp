@@ -47,7 +47,7 @@ using agentr1::amx_permitted;
 // operand (16 pairs x 16 columns x 2).
 inline void configure(int R) { agentr1::configure_tiles(R, 6, 1u << 5); }
 
-inline __m256i bf16x16(__m512 v) { return (__m256i)_mm512_cvtneps_pbh(v); }
+using agentr1::bf16x16;
 
 
 // The keys of one (row, head) as B tiles of q k^T: [T/16 blocks][D/2 pairs][16 keys][2],
@@ -151,7 +151,7 @@ void tile(const bf16* q, long q_ss, long s0, int R, long S, long T, long TP, lon
             const __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_LT_OQ);
             const __m512 e = _mm512_maskz_mov_ps(~under, agentr1::exp16(x));
             const __m256i h = bf16x16(e);
-            sv = _mm512_add_ps(sv, agentr1::load16(reinterpret_cast<const bf16*>(&h)));
+            sv = _mm512_add_ps(sv, agentr1::widen16(h));
             _mm256_storeu_si256(reinterpret_cast<__m256i*>(wr + c), h);
         }
         float s = _mm512_reduce_add_ps(sv);
