@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from agentr1.trainer.logprobs import length_groups
 from agentr1.trainer.update import MetricMeans
 
 BUCKET_BYTES = 32 * 2**20
@@ -58,20 +59,29 @@ def micro_size(rows: int, micro_batch_size: int, world: int) -> int:
 
 
 def micro_batches_of_rank(
-    by_len: torch.Tensor, micro_batch_size: int, rank: int, world: int
+    by_len: torch.Tensor, lengths: list[int], micro_batch_size: int, rank: int, world: int
 ) -> list[torch.Tensor]:
     """Rank ``rank``'s micro-batches (row indices) of a minibatch whose rows, shortest
-    first, are ``by_len``: every ``world``-th of the micro-batches of `micro_size`
-    starting at ``rank`` (round robin keeps the ranks' token counts close). The ranks'
-    micro-batches together are each row once; with at least ``world`` micro-batches they
-    are the very micro-batches one process runs, so even the per-micro-batch metrics
-    agree.
+    first, are ``by_len`` (``lengths`` in that order): the micro-batches `length_groups`
+    cuts with at most `micro_size` rows, each in turn dealt to the rank with the fewest
+    tokens to compute so far (the lowest rank on a tie), so the ranks' token counts differ
+    by at most one micro-batch's. The ranks' micro-batches together are each row once;
+    with at least ``world`` rows a rank they are the very micro-batches one process runs,
+    so even the per-micro-batch metrics agree.
 
-    >>> [t.tolist() for t in micro_batches_of_rank(torch.arange(7), 2, 1, 2)]
+    >>> [t.tolist() for t in micro_batches_of_rank(torch.arange(7), [9] * 7, 2, 1, 2)]
     [[2, 3], [6]]
     """
-    micros = torch.split(by_len, micro_size(len(by_len), micro_batch_size, world))
-    return list(micros[rank::world])
+    rows = micro_size(len(by_len), micro_batch_size, world)
+    load = [0] * world
+    mine, start = [], 0
+    for group in length_groups(by_len, lengths, rows):
+        start += len(group)
+        to = load.index(min(load))
+        load[to] += len(group) * lengths[start - 1]  # padded to its longest (last) row
+        if to == rank:
+            mine.append(group)
+    return mine
 
 
 def buckets(tensors: list[torch.Tensor], limit: int = BUCKET_BYTES) -> list[list[int]]:
@@ -142,8 +152,10 @@ class DataParallel:
     def __init__(self, rank: int, world: int, device: torch.device) -> None:
         self.rank, self.world, self.device = rank, world, device
 
-    def micro_batches(self, by_len: torch.Tensor, micro_batch_size: int) -> list[torch.Tensor]:
-        return micro_batches_of_rank(by_len, micro_batch_size, self.rank, self.world)
+    def micro_batches(
+        self, by_len: torch.Tensor, lengths: list[int], micro_batch_size: int
+    ) -> list[torch.Tensor]:
+        return micro_batches_of_rank(by_len, lengths, micro_batch_size, self.rank, self.world)
 
     def sum_gradients(self, params: list[torch.nn.Parameter], ok: bool) -> bool:
         """Sum the gradients (a rank that computed none for a parameter adds zeros) and

@@ -62,7 +62,10 @@ class ShardedParallel(DataParallel):
 
     lockstep = True
 
-    def micro_batches(self, by_len: torch.Tensor, micro_batch_size: int) -> list[torch.Tensor]:
+    def micro_batches(
+        self, by_len: torch.Tensor, lengths: list[int], micro_batch_size: int
+    ) -> list[torch.Tensor]:
+        # every rank must run as many passes: equal row counts, not `length_groups`
         return lockstep_micro_batches(by_len, micro_batch_size, self.rank, self.world)
 
     def sum_gradients(self, params: list[torch.nn.Parameter], ok: bool) -> bool:

@@ -42,7 +42,7 @@ from agentr1.algorithms.objectives import (
     get_policy_loss,
 )
 from agentr1.config import AlgoConfig, OptimConfig
-from agentr1.trainer.logprobs import token_logprobs
+from agentr1.trainer.logprobs import length_groups, token_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -134,9 +134,12 @@ class Collective(Protocol):
     """Every rank runs every one of its micro-batches, forward and backward, even one
     whose loss is not finite or whose weight is 0 (FSDP: each pass is a collective)."""
 
-    def micro_batches(self, by_len: torch.Tensor, micro_batch_size: int) -> list[torch.Tensor]:
+    def micro_batches(
+        self, by_len: torch.Tensor, lengths: list[int], micro_batch_size: int
+    ) -> list[torch.Tensor]:
         """This rank's micro-batches (row indices) of a minibatch whose rows, shortest
-        first, are ``by_len``: a share of the micro-batches one process would run."""
+        first, are ``by_len`` (``lengths`` in that order): a share of the micro-batches
+        one process would run."""
         ...
 
     def sum_gradients(self, params: list[torch.nn.Parameter], ok: bool) -> bool:
@@ -239,14 +242,17 @@ def _minibatch_step(
     Each micro-batch's loss is weighted by its share of the minibatch's aggregation
     denominator, so the gradient is the same whatever the split (over micro-batches, and
     over ranks with ``dp``: the denominator is always the whole minibatch's). Micro-batches
-    of similar length pad less; sorting by length is free accuracy-wise."""
+    of similar length pad less: rows sorted by length and cut by `length_groups`, free
+    accuracy-wise."""
     denom = aggregation_weight(mb.loss_mask_BT, t.algo.agg_mode).clamp(min=1.0)
     learner.zero_grad()
-    by_len = torch.argsort(mb.attention_mask_BT.sum(-1), stable=True)
+    lengths_B = mb.attention_mask_BT.sum(-1)
+    by_len = torch.argsort(lengths_B, stable=True)
+    lengths = lengths_B[by_len].tolist()
     micros = (
-        by_len.split(optim.micro_batch_size)
+        length_groups(by_len, lengths, optim.micro_batch_size)
         if dp is None
-        else dp.micro_batches(by_len, optim.micro_batch_size)
+        else dp.micro_batches(by_len, lengths, optim.micro_batch_size)
     )
     lockstep = dp is not None and dp.lockstep
     finite = True

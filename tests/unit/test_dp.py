@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from agentr1.config import AlgoConfig, OptimConfig
-from agentr1.distributed.dp import buckets, micro_batches_of_rank, micro_size
+from agentr1.distributed.dp import buckets, micro_batches_of_rank
 from agentr1.distributed.fsdp import lockstep_micro_batches
-from agentr1.trainer.logprobs import token_logprobs
+from agentr1.trainer.logprobs import length_groups, token_logprobs
 from agentr1.trainer.update import Collective, Learner, MetricMeans, UpdateBatch, rl_update
 from tests.tiny_models import tiny_llama
 
@@ -26,19 +26,24 @@ from tests.tiny_models import tiny_llama
 @pytest.mark.parametrize("micro", [1, 3, 32])
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_the_ranks_micro_batches_are_each_row_once(rows: int, micro: int, world: int) -> None:
-    by_len = torch.randperm(rows, generator=torch.Generator().manual_seed(rows))
-    shares = [micro_batches_of_rank(by_len, micro, r, world) for r in range(world)]
+    g = torch.Generator().manual_seed(rows)
+    by_len = torch.randperm(rows, generator=g)
+    lengths = torch.randint(5, 400, (rows,), generator=g).sort().values.tolist()
+    shares = [micro_batches_of_rank(by_len, lengths, micro, r, world) for r in range(world)]
     got = sorted(i for share in shares for mc in share for i in mc.tolist())
     assert got == list(range(rows))
     assert all(len(mc) <= micro for share in shares for mc in share)
     if rows >= world * micro:
         # Enough micro-batches for every rank: they are one process's, dealt round robin.
-        one = [mc.tolist() for mc in by_len.split(micro)]
+        one = [mc.tolist() for mc in length_groups(by_len, lengths, micro)]
         assert sorted(mc.tolist() for share in shares for mc in share) == sorted(one)
     if rows >= world:
         assert all(share for share in shares)  # every rank has rows to work on
-    n_rows = [sum(len(mc) for mc in share) for share in shares]
-    assert max(n_rows) - min(n_rows) <= micro_size(rows, micro, world)
+    # the ranks' padded tokens differ by at most one micro-batch's
+    longest = dict(zip(by_len.tolist(), lengths, strict=True))
+    tokens = [sum(len(mc) * max(longest[i] for i in mc.tolist()) for mc in s) for s in shares]
+    most = max(len(mc) * max(longest[i] for i in mc.tolist()) for s in shares for mc in s)
+    assert max(tokens) - min(tokens) <= most
 
 
 @pytest.mark.parametrize("rows", [2, 3, 5, 8, 13, 128])
@@ -134,8 +139,10 @@ class ThreadRanks:
         class Rank:
             lockstep = False
 
-            def micro_batches(self, by_len: torch.Tensor, micro: int) -> list[torch.Tensor]:
-                return micro_batches_of_rank(by_len, micro, r, ranks.world)
+            def micro_batches(
+                self, by_len: torch.Tensor, lengths: list[int], micro: int
+            ) -> list[torch.Tensor]:
+                return micro_batches_of_rank(by_len, lengths, micro, r, ranks.world)
 
             def sum_gradients(self, params: list[torch.nn.Parameter], ok: bool) -> bool:
                 mine = [torch.zeros_like(p) if p.grad is None else p.grad for p in params]
@@ -215,8 +222,10 @@ def test_a_mean_of_per_rank_means_would_be_another_gradient() -> None:
         rl_update(Learner(model, opt), rows, algo, optim, 1.0, torch.Generator().manual_seed(3))
         return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
 
-    by_len = torch.argsort(ub.attention_mask_BT.sum(-1), stable=True)
-    halves = [torch.cat(micro_batches_of_rank(by_len, 4, r, 2)) for r in range(2)]
+    lengths_B = ub.attention_mask_BT.sum(-1)
+    by_len = torch.argsort(lengths_B, stable=True)
+    lengths = lengths_B[by_len].tolist()
+    halves = [torch.cat(micro_batches_of_rank(by_len, lengths, 4, r, 2)) for r in range(2)]
     naive = sum(grads(ub.rows(h)) for h in halves) / 2
     assert (naive - grads(ub)).abs().max() > 1e-3
 

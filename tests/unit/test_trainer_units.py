@@ -437,8 +437,42 @@ def test_sorted_token_logprobs_equal_one_pass() -> None:
     )
     sorted_ = sorted_token_logprobs(model, ids, attn, select, 0.7, rows=4)
     hook.remove()
-    assert seen == [(4, 17), (2, 30)]  # lengths 2, 5, 9, 17, then 23, 30
+    # lengths 2, 5, 9, then 17, 23, 30 (`length_groups`: 27 + 90 tokens, where a split
+    # into 4 + 2 rows would compute 68 + 60)
+    assert seen == [(3, 9), (3, 30)]
     torch.testing.assert_close(sorted_, one, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_length_groups_is_the_cheapest_cut(seed: int) -> None:
+    """Against every way to cut the sorted rows into runs of at most ``max_rows``."""
+    import itertools
+
+    from agentr1.trainer.logprobs import length_groups
+
+    g = torch.Generator().manual_seed(seed)
+    n = int(torch.randint(1, 9, (1,), generator=g))
+    max_rows = int(torch.randint(1, 5, (1,), generator=g))
+    lengths = torch.randint(1, 300, (n,), generator=g).sort().values.tolist()
+    by_len = torch.randperm(n, generator=g)
+
+    def cost(sizes: list[int]) -> int:
+        total, at = 0, 0
+        for k in sizes:
+            at += k
+            total += k * lengths[at - 1] + 64
+        return total
+
+    cheapest = min(
+        cost(list(sizes))
+        for parts in range(1, n + 1)
+        for sizes in itertools.product(range(1, max_rows + 1), repeat=parts)
+        if sum(sizes) == n
+    )
+    groups = length_groups(by_len, lengths, max_rows, pass_tokens=64)
+    assert torch.equal(torch.cat(groups), by_len)  # every row once, in order
+    assert all(1 <= len(gr) <= max_rows for gr in groups)
+    assert cost([len(gr) for gr in groups]) == cheapest
 
 
 def test_head_checkpointing_changes_no_gradient(monkeypatch: pytest.MonkeyPatch) -> None:
