@@ -1,6 +1,7 @@
-"""Native kernels for the ``hf`` sampler's written-out pass, built on first use.
+"""Native kernels for the ``hf`` sampler's written-out pass and the trainer's LM head,
+built on first use.
 
-Three kernels, each a C++ source in ``kernels/`` (with the shared ``bf16.h``):
+Four kernels, each a C++ source in ``kernels/`` (with the shared ``bf16.h``):
 
 - `DecodeAttention` (``decode_attention.cpp``): a decode step's rotary embedding,
   KV-cache write and grouped-query softmax attention for every (row, key head) pair in
@@ -25,6 +26,9 @@ Three kernels, each a C++ source in ``kernels/`` (with the shared ``bf16.h``):
   float32 softmax, the weighted values 32 keys a tile), visiting only the key blocks up
   to each tile's last query. Where this build or process has no AMX it does not run and
   the pass keeps torch's SDPA.
+- `LogSoftmax` (``log_softmax.cpp``): the trainer's LM-head log-softmax over float32
+  logits, forward (logsumexp, the target's log-prob, the entropy) and backward (the
+  gradient written over the logits), a row at a time (`agentr1.trainer.logprobs`).
 
 Building: the machine's C++ compiler (``$CXX``, else ``c++`` / ``g++`` / ``clang++``)
 compiles a source with ``-O3 -march=native`` into ``$AGENTR1_KERNEL_DIR`` (default
@@ -36,9 +40,9 @@ torch has already loaded (the same ``libgomp.so.1``), so the kernel's threads ar
 where ``-fopenmp`` does not compile the kernel is built single-threaded.
 
 Where there is no compiler, the build fails or ``AGENTR1_NATIVE=0`` is set,
-`decode_attention()` / `decode_linear()` / `prefill_attention()` return None (with one
-warning naming the reason) and the pass keeps its torch operations: the same functions,
-rounded differently.
+`decode_attention()` / `decode_linear()` / `prefill_attention()` / `log_softmax()`
+return None (with one warning naming the reason) and the caller keeps its torch
+operations: the same functions, rounded differently.
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ KERNELS = Path(__file__).parent / "kernels"
 SOURCE = KERNELS / "decode_attention.cpp"
 LINEAR_SOURCE = KERNELS / "decode_linear.cpp"
 PREFILL_SOURCE = KERNELS / "prefill_attention.cpp"
+LOG_SOFTMAX_SOURCE = KERNELS / "log_softmax.cpp"
 OFF_ENV = "AGENTR1_NATIVE"
 """Set to 0 to never build or load native kernels."""
 DIR_ENV = "AGENTR1_KERNEL_DIR"
@@ -565,6 +570,109 @@ class PrefillAttention:
         return out
 
 
+class LogSoftmax:
+    """The loaded ``log_softmax`` kernel (``kernels/log_softmax.cpp``): the LM head's
+    log-softmax over float32 logits ``[N, V]`` for the trainer (`agentr1.trainer.logprobs`),
+    forward (`forward`: each row's logsumexp, its target's log-prob and optionally its
+    entropy) and backward (`backward`: the gradient with respect to the logits, written
+    over them), each one pass over a row where torch's ops make several [N, V]
+    temporaries."""
+
+    def __init__(self, path: Path) -> None:
+        self.lib = load_library(path)
+        self.path = path
+        long, int_, ptr = ctypes.c_long, ctypes.c_int, ctypes.c_void_p
+        fwd = self.lib.agentr1_log_softmax_forward
+        fwd.restype = int_
+        fwd.argtypes = [ptr, long, long, long, ptr, ptr, ptr, ptr]
+        bwd = self.lib.agentr1_log_softmax_backward
+        bwd.restype = int_
+        bwd.argtypes = [ptr, long, long, long, ptr, ptr, ptr, ptr, ptr, ctypes.c_float]
+        self._fwd, self._bwd = fwd, bwd
+
+    @staticmethod
+    def supports(logits_NV: torch.Tensor) -> bool:
+        """Whether the kernel takes these logits (float32 on the CPU, unit column stride)."""
+        return (
+            logits_NV.device.type == "cpu"
+            and logits_NV.dtype == torch.float32
+            and logits_NV.dim() == 2
+            and logits_NV.stride(1) == 1
+        )
+
+    @staticmethod
+    def _check(logits_NV: torch.Tensor, targets_N: torch.Tensor) -> torch.Tensor:
+        if not LogSoftmax.supports(logits_NV):
+            raise ValueError(
+                f"log-softmax kernel: logits must be [N, V] float32 on the CPU with unit "
+                f"column stride, got {tuple(logits_NV.shape)} {logits_NV.dtype} "
+                f"{logits_NV.device} strides {logits_NV.stride()}"
+            )
+        if targets_N.shape != logits_NV.shape[:1]:
+            raise ValueError(
+                f"log-softmax kernel: {tuple(targets_N.shape)} targets for "
+                f"{logits_NV.shape[0]} rows"
+            )
+        return targets_N.to(torch.int64).contiguous()
+
+    def forward(
+        self, logits_NV: torch.Tensor, targets_N: torch.Tensor, with_entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(logsumexp, target log-prob, entropy or None) of each row. [N] each"""
+        targets = self._check(logits_NV, targets_N)
+        N, V = logits_NV.shape
+        lse, lp = torch.empty(N), torch.empty(N)
+        ent = torch.empty(N) if with_entropy else None
+        bad = self._fwd(
+            logits_NV.data_ptr(),
+            N,
+            V,
+            logits_NV.stride(0),
+            targets.data_ptr(),
+            lse.data_ptr(),
+            lp.data_ptr(),
+            None if ent is None else ent.data_ptr(),
+        )
+        if bad:
+            raise ValueError(f"log-softmax kernel: a target outside the vocabulary of {V}")
+        return lse, lp, ent
+
+    def backward(
+        self,
+        logits_NV: torch.Tensor,
+        targets_N: torch.Tensor,
+        lse_N: torch.Tensor,
+        ent_N: torch.Tensor | None,
+        grad_lp_N: torch.Tensor,
+        grad_ent_N: torch.Tensor | None,
+        scale: float,
+    ) -> torch.Tensor:
+        """Overwrite ``logits_NV`` (the logits at the temperature, as `forward` saw them)
+        with ``scale`` x the gradient of ``sum(grad_lp x lp + grad_ent x ent)`` with
+        respect to them, and return it."""
+        targets = self._check(logits_NV, targets_N)
+        N, V = logits_NV.shape
+        with_ent = ent_N is not None and grad_ent_N is not None
+        vecs = [lse_N, grad_lp_N] + ([ent_N, grad_ent_N] if with_ent else [])
+        lse, g_lp, *rest = (v.to(torch.float32).contiguous() for v in vecs)  # type: ignore[union-attr]
+        ent, g_ent = rest if with_ent else (None, None)
+        bad = self._bwd(
+            logits_NV.data_ptr(),
+            N,
+            V,
+            logits_NV.stride(0),
+            targets.data_ptr(),
+            lse.data_ptr(),
+            None if ent is None else ent.data_ptr(),
+            g_lp.data_ptr(),
+            None if g_ent is None else g_ent.data_ptr(),
+            scale,
+        )
+        if bad:
+            raise ValueError(f"log-softmax kernel: a target outside the vocabulary of {V}")
+        return logits_NV
+
+
 _LOADED: dict[str, Any] = {}
 
 
@@ -604,4 +712,11 @@ def prefill_attention() -> PrefillAttention | None:
     """The AMX prefill-attention kernel, as `decode_attention` (None: off or not
     buildable; a loaded one may still not run here: `PrefillAttention.ready`)."""
     kernel: PrefillAttention | None = _load("prefill_attention", PREFILL_SOURCE, PrefillAttention)
+    return kernel
+
+
+def log_softmax() -> LogSoftmax | None:
+    """The trainer's LM-head log-softmax kernel, as `decode_attention` (None: off or not
+    buildable)."""
+    kernel: LogSoftmax | None = _load("log_softmax", LOG_SOFTMAX_SOURCE, LogSoftmax)
     return kernel

@@ -8,10 +8,12 @@ once for all rows, then each row's rest against its cached keys and values
 (`backbone_hidden`), with gradients flowing through the shared part exactly as through B
 copies of it. The LM head and log-softmax then run only on the positions that matter
 (those with ``loss_mask = 1`` — the agent's tokens), in chunks of ``chunk`` positions.
-When the pass's float32 logits would exceed `CHECKPOINT_LOGITS_BYTES`, each chunk runs
-under activation checkpointing, so at most [chunk, V] of them exist at a time, forward
-and backward; below it autograd keeps them. On multi-hop episodes most tokens are tool
-responses, so this also skips most of the LM-head work.
+The head has its own backward (`_HeadLogprobs`: two passes over a chunk's logits, the
+native kernel's on the CPU). When the pass's float32 logits would exceed
+`CHECKPOINT_LOGITS_BYTES`, each chunk's backward computes its logits again, so at most
+[chunk, V] of them exist at a time, forward and backward; below it they are kept. On
+multi-hop episodes most tokens are tool responses, so this also skips most of the
+LM-head work.
 
 Alignment: ``logprobs_BT[:, t]`` is log p(token_t | tokens_<t), computed from the hidden
 state at position t − 1; position 0 has no log-prob and is 0.
@@ -22,14 +24,128 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
+from agentr1.backends import native
 from agentr1.backends.hf import MIN_SHARED_PREFIX, cache_kwarg
 
 CHECKPOINT_LOGITS_BYTES = 64 << 20
-"""Float32 logits of a pass's selected positions beyond which the LM-head chunks run
-under activation checkpointing (SmolLM2's 49k vocabulary: ~340 positions; the demo's 2k:
-~8,000, so its passes skip the recomputation)."""
+"""Float32 logits of a pass's selected positions beyond which the LM-head chunks compute
+their logits again in the backward instead of keeping them (SmolLM2's 49k vocabulary:
+~340 positions; the demo's 2k: ~8,000, so its passes skip the recomputation)."""
+
+
+def _logits(
+    h_NH: torch.Tensor, weight_VH: torch.Tensor, bias_V: torch.Tensor | None, inv_temp: float
+) -> torch.Tensor:
+    """Float32 logits at the temperature, the head in its weights' dtype."""
+    logits_NV = torch.nn.functional.linear(h_NH, weight_VH, bias_V).float()
+    return logits_NV.mul_(inv_temp) if inv_temp != 1.0 else logits_NV
+
+
+def _rows_forward(
+    logits_NV: torch.Tensor, targets_N: torch.Tensor, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(logsumexp, the target's log-prob, the entropy or None) of each row: the native
+    kernel on the CPU, torch's ops elsewhere. [N] each"""
+    kernel = native.log_softmax()
+    if kernel is not None and kernel.supports(logits_NV):
+        return kernel.forward(logits_NV, targets_N, with_entropy)
+    lse_N = torch.logsumexp(logits_NV, dim=-1)
+    lp_N = logits_NV.gather(-1, targets_N[:, None]).squeeze(-1) - lse_N
+    ent_N = None
+    if with_entropy:
+        p_NV = torch.exp(logits_NV - lse_N[:, None])
+        ent_N = lse_N - (p_NV * logits_NV).sum(-1)
+    return lse_N, lp_N, ent_N
+
+
+def _rows_backward(
+    logits_NV: torch.Tensor,
+    targets_N: torch.Tensor,
+    lse_N: torch.Tensor,
+    ent_N: torch.Tensor | None,
+    g_lp_N: torch.Tensor,
+    g_ent_N: torch.Tensor | None,
+    scale: float,
+) -> torch.Tensor:
+    """``scale`` x the gradient of ``sum(g_lp lp + g_ent ent)`` with respect to the logits,
+    written over ``logits_NV``: ``-p (g_lp + g_ent (z - lse + H)) + g_lp [j = target]``."""
+    kernel = native.log_softmax()
+    if kernel is not None and kernel.supports(logits_NV):
+        return kernel.backward(logits_NV, targets_N, lse_N, ent_N, g_lp_N, g_ent_N, scale)
+    z_NV = logits_NV
+    coef_NV = None
+    if ent_N is not None and g_ent_N is not None:
+        coef_NV = (z_NV - lse_N[:, None] + ent_N[:, None]).mul_(g_ent_N[:, None])
+        coef_NV.add_(g_lp_N[:, None])
+    p_NV = z_NV.sub_(lse_N[:, None]).exp_()
+    grad_NV = p_NV.mul_(coef_NV).neg_() if coef_NV is not None else p_NV.mul_(-g_lp_N[:, None])
+    grad_NV[torch.arange(len(targets_N), device=grad_NV.device), targets_N] += g_lp_N
+    return grad_NV.mul_(scale) if scale != 1.0 else grad_NV
+
+
+class _HeadLogprobs(torch.autograd.Function):
+    """The LM head and its log-softmax over selected positions: ``(lp, ent)`` [N] each.
+
+    Its own backward, so the [N, V] work is two passes over the logits (their logsumexp,
+    then the gradient written over them: `agentr1.backends.native.LogSoftmax` on the CPU)
+    where autograd through logsumexp and gather makes, fills and reads several [N, V]
+    temporaries. With ``keep`` the forward's logits are saved for the backward; without
+    it only the hidden states are, and the backward computes the logits again (the
+    head's memory stays at one chunk's logits, forward and backward)."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        hidden_NH: torch.Tensor,
+        weight_VH: torch.Tensor,
+        bias_V: torch.Tensor | None,
+        targets_N: torch.Tensor,
+        inv_temp: float,
+        with_entropy: bool,
+        keep: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        h_NH = hidden_NH.to(weight_VH.dtype)
+        logits_NV = _logits(h_NH, weight_VH, bias_V, inv_temp)
+        lse_N, lp_N, ent_N = _rows_forward(logits_NV, targets_N, with_entropy)
+        ctx.set_materialize_grads(False)
+        ctx.inv_temp, ctx.hidden_dtype = inv_temp, hidden_NH.dtype
+        # Not a saved tensor: the backward writes its gradient over them (once; a second
+        # backward of a retained graph computes them again).
+        ctx.logits = logits_NV if keep else None
+        saved = [h_NH, weight_VH, targets_N, lse_N, ent_N if ent_N is not None else lse_N]
+        ctx.has_bias, ctx.has_ent = bias_V is not None, ent_N is not None
+        ctx.save_for_backward(*saved, *([bias_V] if bias_V is not None else []))
+        return lp_N, ent_N if ent_N is not None else torch.zeros_like(lp_N)
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx: Any, g_lp_N: torch.Tensor | None, g_ent_N: torch.Tensor | None
+    ) -> tuple[torch.Tensor | None, ...]:
+        h_NH, weight_VH, targets_N, lse_N, ent_N, *bias = ctx.saved_tensors
+        bias_V = bias[0] if ctx.has_bias else None
+        none = (None,) * 7
+        if g_lp_N is None and (g_ent_N is None or not ctx.has_ent):
+            return none
+        with torch.autocast(h_NH.device.type, enabled=False):
+            logits_NV, ctx.logits = ctx.logits, None
+            if logits_NV is None:
+                logits_NV = _logits(h_NH, weight_VH, bias_V, ctx.inv_temp)
+            g_lp_N = g_lp_N if g_lp_N is not None else torch.zeros_like(lse_N)
+            grad_NV = _rows_backward(
+                logits_NV,
+                targets_N,
+                lse_N,
+                ent_N if ctx.has_ent else None,
+                g_lp_N,
+                g_ent_N if ctx.has_ent else None,
+                ctx.inv_temp,
+            ).to(weight_VH.dtype)
+            need_h, need_w, need_b = ctx.needs_input_grad[:3]
+            grad_h = (grad_NV @ weight_VH).to(ctx.hidden_dtype) if need_h else None
+            grad_w = grad_NV.t() @ h_NH if need_w else None
+            grad_b = grad_NV.sum(0) if need_b and bias_V is not None else None
+        return grad_h, grad_w, grad_b, None, None, None, None
 
 
 def _head_chunk(
@@ -39,21 +155,16 @@ def _head_chunk(
     bias_V: torch.Tensor | None,
     inv_temp: float,
     with_entropy: bool,
+    keep: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     # The head in its weights' dtype even under autocast: with the head in bf16 a GRPO test
     # run's learning flattened (`ModelConfig.compute_dtype`). Its forward log-probs hardly
     # move (demo episodes: mean |diff| to fp32 0.0004 nats against 0.0003), so the likely
     # cause is the backward: the head's (often tied embedding's) gradient in bf16.
     with torch.autocast(hidden_NH.device.type, enabled=False):
-        h = hidden_NH.to(weight_VH.dtype)
-        logits_NV = torch.nn.functional.linear(h, weight_VH, bias_V).float() * inv_temp
-    logz_N = torch.logsumexp(logits_NV, dim=-1)
-    lp_N = logits_NV.gather(-1, targets_N[:, None]).squeeze(-1) - logz_N
-    if with_entropy:
-        p_NV = torch.softmax(logits_NV, dim=-1)
-        ent_N = logz_N - (p_NV * logits_NV).sum(-1)
-    else:
-        ent_N = torch.zeros_like(lp_N)
+        lp_N, ent_N = _HeadLogprobs.apply(
+            hidden_NH, weight_VH, bias_V, targets_N, inv_temp, with_entropy, keep
+        )
     return lp_N, ent_N
 
 
@@ -66,23 +177,20 @@ def _head_logprobs(
     chunk: int,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """The LM head and log-softmax over the selected positions, ``chunk`` at a time."""
-    # Recomputing the head in the backward saves the float32 logits autograd would keep;
-    # below CHECKPOINT_LOGITS_BYTES in all that memory is not worth a second head pass.
-    checkpointed = hidden_NH.shape[0] * head.weight.shape[0] * 4 > CHECKPOINT_LOGITS_BYTES
+    # Computing the logits again in the backward saves the float32 logits autograd would
+    # keep; below CHECKPOINT_LOGITS_BYTES in all that memory is not worth a second head pass.
+    keep = hidden_NH.shape[0] * head.weight.shape[0] * 4 <= CHECKPOINT_LOGITS_BYTES
     lps, ents = [], []
     for s in range(0, hidden_NH.shape[0], chunk):
-        args = (
+        lp, ent = _head_chunk(
             hidden_NH[s : s + chunk],
             targets_N[s : s + chunk],
             head.weight,
             head.bias,
             inv_temp,
             with_entropy,
+            keep,
         )
-        if torch.is_grad_enabled() and checkpointed:
-            lp, ent = checkpoint(_head_chunk, *args, use_reentrant=False)
-        else:
-            lp, ent = _head_chunk(*args)
         lps.append(lp)
         ents.append(ent)
     return lps, ents

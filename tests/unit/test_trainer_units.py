@@ -476,25 +476,27 @@ def test_length_groups_is_the_cheapest_cut(seed: int) -> None:
 
 
 def test_head_checkpointing_changes_no_gradient(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Small passes skip recomputing the LM head in the backward; large ones (beyond
-    CHECKPOINT_LOGITS_BYTES of logits) recompute it: the same log-probs and gradients."""
-    from torch.utils import checkpoint as ckpt
-
+    """Small passes keep the LM head's logits for the backward; large ones (beyond
+    CHECKPOINT_LOGITS_BYTES of logits) compute them again: the same log-probs and
+    gradients."""
     from agentr1.trainer import logprobs as lpmod
 
     model = tiny_llama(vocab_size=64, hidden=32, layers=2)
     ids, attn, mask = shared_prefix_batch()
     calls: list[int] = []
-    real = ckpt.checkpoint
-    monkeypatch.setattr(lpmod, "checkpoint", lambda *a, **k: calls.append(1) or real(*a, **k))
-    grads = []
-    for limit in (0, 1 << 30):  # every pass checkpointed, then none
+    real = lpmod._logits
+    monkeypatch.setattr(lpmod, "_logits", lambda *a: calls.append(1) or real(*a))
+    grads, lps = [], []
+    for limit in (0, 1 << 30):  # every pass recomputing, then none
         monkeypatch.setattr(lpmod, "CHECKPOINT_LOGITS_BYTES", limit)
         model.zero_grad()
         lp, _ = token_logprobs(model, ids, attn, mask, 0.7)
         masked_aggregate(lp, mask).backward()
         grads.append([p.grad.clone() for p in model.parameters()])
+        lps.append(lp.detach())
         calls.append(-1)
-    assert calls.index(-1) > 0 and calls[calls.index(-1) + 1 :] == [-1]
+    cut = calls.index(-1)
+    assert cut == 2 and calls[cut + 1 :] == [1, -1]  # a forward and a backward, then one
+    torch.testing.assert_close(lps[0], lps[1], atol=0, rtol=0)
     for a, b in zip(*grads, strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
