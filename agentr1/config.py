@@ -266,7 +266,9 @@ class OptimConfig:
     minibatches: int = 1
     """Optimizer steps per epoch."""
     micro_batch_size: int = 32
-    """Rows per forward/backward (gradient accumulation inside a minibatch)."""
+    """Most rows per forward/backward (gradient accumulation inside a minibatch); rows are
+    sorted by length and cut where that computes fewest tokens (`length_groups` in
+    agentr1/trainer/logprobs.py), so a micro-batch may hold fewer."""
     activation_checkpointing: bool = False
     """Recompute each decoder layer's activations during the backward pass instead of
     keeping them from the forward (transformers' gradient checkpointing, non-reentrant):

@@ -101,6 +101,22 @@ void row_backward(float* z, long V, long t, float lse, float h, float g_lp, floa
     z[t] += g_lp * scale;
 }
 
+// f(i, t) for each row i whose target t is in the vocabulary, rows in parallel; 1 when a
+// target is outside it (that row untouched), else 0.
+template <typename F> int each_row(long N, long V, const int64_t* targets, F f) {
+    int bad = 0;
+#pragma omp parallel for schedule(static) reduction(| : bad)
+    for (long i = 0; i < N; ++i) {
+        const long t = long(targets[i]);
+        if (t < 0 || t >= V) {
+            bad |= 1;
+            continue;
+        }
+        f(i, t);
+    }
+    return bad;
+}
+
 }  // namespace
 
 extern "C" {
@@ -108,17 +124,9 @@ extern "C" {
 // z: [N, V] rows `ldz` floats apart; targets [N]; lse, lp [N]; ent [N] or null.
 int agentr1_log_softmax_forward(const float* z, long N, long V, long ldz, const int64_t* targets,
                                 float* lse, float* lp, float* ent) {
-    int bad = 0;
-#pragma omp parallel for schedule(static) reduction(| : bad)
-    for (long i = 0; i < N; ++i) {
-        const long t = long(targets[i]);
-        if (t < 0 || t >= V) {
-            bad |= 1;
-            continue;
-        }
+    return each_row(N, V, targets, [&](long i, long t) {
         row_forward(z + i * ldz, V, t, lse + i, lp + i, ent ? ent + i : nullptr);
-    }
-    return bad;
+    });
 }
 
 // Overwrites z with the gradient with respect to the unscaled logits (see above).
@@ -126,19 +134,11 @@ int agentr1_log_softmax_forward(const float* z, long N, long V, long ldz, const 
 int agentr1_log_softmax_backward(float* z, long N, long V, long ldz, const int64_t* targets,
                                  const float* lse, const float* ent, const float* g_lp,
                                  const float* g_ent, float scale) {
-    int bad = 0;
     const bool with_ent = ent != nullptr && g_ent != nullptr;
-#pragma omp parallel for schedule(static) reduction(| : bad)
-    for (long i = 0; i < N; ++i) {
-        const long t = long(targets[i]);
-        if (t < 0 || t >= V) {
-            bad |= 1;
-            continue;
-        }
+    return each_row(N, V, targets, [&](long i, long t) {
         row_backward(z + i * ldz, V, t, lse[i], with_ent ? ent[i] : 0.f, g_lp[i],
                      with_ent ? g_ent[i] : 0.f, with_ent, scale);
-    }
-    return bad;
+    });
 }
 
 }  // extern "C"
