@@ -652,10 +652,10 @@ class LogSoftmax:
         respect to them, and return it."""
         targets = self._check(logits_NV, targets_N)
         N, V = logits_NV.shape
-        with_ent = ent_N is not None and grad_ent_N is not None
-        vecs = [lse_N, grad_lp_N] + ([ent_N, grad_ent_N] if with_ent else [])
-        lse, g_lp, *rest = (v.to(torch.float32).contiguous() for v in vecs)  # type: ignore[union-attr]
-        ent, g_ent = rest if with_ent else (None, None)
+        lse, g_lp = lse_N.float().contiguous(), grad_lp_N.float().contiguous()
+        ent = g_ent = None
+        if ent_N is not None and grad_ent_N is not None:
+            ent, g_ent = ent_N.float().contiguous(), grad_ent_N.float().contiguous()
         bad = self._bwd(
             logits_NV.data_ptr(),
             N,

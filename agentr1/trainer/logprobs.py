@@ -113,20 +113,18 @@ class _HeadLogprobs(torch.autograd.Function):
         # Not a saved tensor: the backward writes its gradient over them (once; a second
         # backward of a retained graph computes them again).
         ctx.logits = logits_NV if keep else None
-        saved = [h_NH, weight_VH, targets_N, lse_N, ent_N if ent_N is not None else lse_N]
-        ctx.has_bias, ctx.has_ent = bias_V is not None, ent_N is not None
-        ctx.save_for_backward(*saved, *([bias_V] if bias_V is not None else []))
+        ctx.save_for_backward(h_NH, weight_VH, bias_V, targets_N, lse_N, ent_N)
         return lp_N, ent_N if ent_N is not None else torch.zeros_like(lp_N)
 
     @staticmethod
     def backward(  # type: ignore[override]
         ctx: Any, g_lp_N: torch.Tensor | None, g_ent_N: torch.Tensor | None
     ) -> tuple[torch.Tensor | None, ...]:
-        h_NH, weight_VH, targets_N, lse_N, ent_N, *bias = ctx.saved_tensors
-        bias_V = bias[0] if ctx.has_bias else None
-        none = (None,) * 7
-        if g_lp_N is None and (g_ent_N is None or not ctx.has_ent):
-            return none
+        h_NH, weight_VH, bias_V, targets_N, lse_N, ent_N = ctx.saved_tensors
+        if ent_N is None:
+            g_ent_N = None  # the zeros returned for it: nothing to differentiate
+        if g_lp_N is None and g_ent_N is None:
+            return (None,) * 7
         with torch.autocast(h_NH.device.type, enabled=False):
             logits_NV, ctx.logits = ctx.logits, None
             if logits_NV is None:
@@ -136,9 +134,9 @@ class _HeadLogprobs(torch.autograd.Function):
                 logits_NV,
                 targets_N,
                 lse_N,
-                ent_N if ctx.has_ent else None,
+                ent_N,
                 g_lp_N,
-                g_ent_N if ctx.has_ent else None,
+                g_ent_N,
                 ctx.inv_temp,
             ).to(weight_VH.dtype)
             need_h, need_w, need_b = ctx.needs_input_grad[:3]
