@@ -37,8 +37,9 @@ def test_sampler_copy_is_bf16_and_follows_the_policy(tmp_path: Path) -> None:
         assert torch.equal(p.to(torch.bfloat16), q), name
 
 
-def test_default_sampler_shares_the_policy(tmp_path: Path) -> None:
-    setup = build_setup(load_config(None, [*SMALL, f"train.run_dir={tmp_path}"]))
+def test_same_sampler_dtype_shares_the_policy(tmp_path: Path) -> None:
+    cfg = load_config(None, [*SMALL, "model.sampler_dtype=same", f"train.run_dir={tmp_path}"])
+    setup = build_setup(cfg)
     assert setup.sampler_is_policy
     setup.sync_sampler()  # a no-op, not an error
 
@@ -94,6 +95,24 @@ def test_auto_compute_dtype_is_bf16_only_where_the_cpu_has_it(
     assert out.dtype == (torch.bfloat16 if native else torch.float32)
     with pytest.raises(Exception, match="compute_dtype"):
         load_config(None, ["model.compute_dtype=fp8"])
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_auto_sampler_dtype_is_a_bf16_copy_only_where_the_cpu_has_it(
+    native: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``sampler_dtype: auto`` (the demo's) samples from a bf16 copy on a CPU with native
+    bf16 and from the float32 policy itself elsewhere; the policy stays float32."""
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    cfg = load_config(None, [*SMALL, "model.sampler_dtype=auto", f"train.run_dir={tmp_path}"])
+    setup = build_setup(cfg)
+    assert setup.sampler_is_policy is not native
+    want = torch.bfloat16 if native else torch.float32
+    assert next(setup.generator.model.parameters()).dtype == want
+    assert next(setup.policy.parameters()).dtype == torch.float32
+    with pytest.raises(Exception, match="sampler_dtype"):
+        load_config(None, ["model.sampler_dtype=fp16"])
 
 
 @pytest.mark.parametrize("estimator", ["grpo", "gae"])

@@ -65,6 +65,7 @@ def test_overrides_are_typed_and_nested() -> None:
         (["task.process.no_answer=-0.1"], "task.process.no_answer=-0.1: expected >= 0"),
         (["model.keep_kv_gib=-1"], "model.keep_kv_gib=-1.0: expected >= 0"),
         (["model.pack_weights_gib=-1"], "model.pack_weights_gib=-1.0: expected >= 0"),
+        (["train.keep_freed_mib=-1"], "train.keep_freed_mib must be >= 0"),
         (["train"], "expected the form section.field=value"),
     ],
 )

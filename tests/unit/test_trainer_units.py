@@ -500,3 +500,29 @@ def test_head_checkpointing_changes_no_gradient(monkeypatch: pytest.MonkeyPatch)
     torch.testing.assert_close(lps[0], lps[1], atol=0, rtol=0)
     for a, b in zip(*grads, strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_keep_freed_memory_sets_glibc_malloc_and_is_a_no_op_elsewhere(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On glibc ``mallopt`` takes both settings (a fresh process, so this test's own
+    stays as it was); with no C library found, or one without ``mallopt``, nothing is
+    set and nothing raises."""
+    import ctypes.util
+    import platform
+    import subprocess
+    import sys
+
+    from agentr1.trainer import setup
+
+    if platform.libc_ver()[0] == "glibc":
+        code = "from agentr1.trainer.setup import keep_freed_memory as k; print(k(256 << 20))"
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        assert out.stdout.strip() == "True", out.stderr
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: None)
+    assert setup.keep_freed_memory(1 << 20) is False
+    import ctypes
+
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: "libc.so")
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: SimpleNamespace())  # musl: no mallopt
+    assert setup.keep_freed_memory(1 << 20) is False
