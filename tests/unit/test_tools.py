@@ -151,6 +151,86 @@ def test_calculator_tool_integer_output() -> None:
     assert asyncio.run(calculator(expression="10/2")).content == "5"
 
 
+class CountingRetriever:
+    """A retriever that records its calls; ``hang`` blocks a batch holding that query
+    until ``release`` is set, ``fail`` makes a batch holding it raise."""
+
+    def __init__(self, hang: str = "", fail: str = "") -> None:
+        self.inner = BM25Retriever(
+            [Passage(str(i), f"P{i}", f"passage number w{i} here") for i in range(20)]
+        )
+        self.batches: list[list[str]] = []
+        self.singles: list[str] = []
+        self.hang, self.fail = hang, fail
+        self.release = threading.Event()
+
+    def search(self, query: str, k: int) -> list[Passage]:
+        self.singles.append(query)
+        return self.inner.search(query, k)
+
+    def search_batch(self, queries: list[str], k: int) -> list[list[Passage]]:
+        self.batches.append(list(queries))
+        if self.hang in queries:
+            self.release.wait(10)
+        if self.fail in queries:
+            raise ConnectionError("retriever down")
+        return self.inner.search_batch(queries, k)
+
+
+def _concurrently(search: SearchTool, queries: list[str]) -> list[object]:
+    async def main() -> list[object]:
+        calls = (search(query=q) for q in queries)
+        return list(await asyncio.gather(*calls, return_exceptions=True))
+
+    return asyncio.run(main())
+
+
+def test_search_tool_batches_the_queries_issued_together() -> None:
+    """Many episodes' searches in one pass of the event loop: one `search_batch` with all
+    of them, each call getting its own query's passages."""
+    r = CountingRetriever()
+    queries = [f"w{i}" for i in range(16)]
+    outs = _concurrently(SearchTool(r, top_k=1), queries)
+    assert r.batches == [queries] and not r.singles
+    assert [o.metadata["passage_ids"] for o in outs] == [[str(i)] for i in range(16)]
+    # later calls open a new batch; without batching, one search per query
+    _concurrently(SearchTool(r, top_k=1), ["w3"])
+    assert r.batches[-1] == ["w3"]
+    unbatched = _concurrently(SearchTool(r, top_k=1, batch=False), queries[:4])
+    assert r.singles == queries[:4] and len(r.batches) == 2
+    assert [o.metadata["passage_ids"] for o in unbatched] == [[str(i)] for i in range(4)]
+
+
+def test_search_tool_batch_shares_its_failure_and_its_timeout() -> None:
+    """A batch whose retriever call raises fails each of its calls with that error; one
+    that hangs times each call out on its own timer, and the next batch is served."""
+    r = CountingRetriever(fail="w2")
+    outs = _concurrently(SearchTool(r, top_k=1), ["w1", "w2"])
+    assert all(isinstance(o, ConnectionError) for o in outs)
+    hung = CountingRetriever(hang="w5")
+    try:
+        t = SearchTool(hung, top_k=1, timeout_s=0.3)
+        outs = _concurrently(t, ["w4", "w5"])
+        assert all(isinstance(o, TimeoutError) for o in outs)
+        assert _concurrently(t, ["w6"])[0].metadata["passage_ids"] == ["6"]
+    finally:
+        hung.release.set()
+
+
+def test_search_tool_pickles_and_copies_mid_batch() -> None:
+    import copy
+    import pickle
+
+    async def main() -> None:
+        t = SearchTool(CountingRetriever().inner, top_k=1)
+        pending = asyncio.ensure_future(t(query="w1"))
+        await asyncio.sleep(0)  # the call is in the open batch
+        assert copy.deepcopy(t).top_k == 1 and pickle.loads(pickle.dumps(t)).batch
+        assert (await pending).metadata["passage_ids"] == ["1"]
+
+    asyncio.run(main())
+
+
 def test_search_tool_formats_and_reports_ids() -> None:
     r = BM25Retriever(
         [
