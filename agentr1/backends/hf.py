@@ -500,9 +500,13 @@ class ReservedLayer(DynamicLayer):  # type: ignore[no-untyped-call]
     def _grow(self, key_states: torch.Tensor, value_states: torch.Tensor, needed: int) -> None:
         B, H, _, D = key_states.shape
         cap = max(needed, self.reserve) if self._k is None else 2 * needed
-        # Zeros, not empty memory: `append`'s callers read the unwritten columns (masked).
-        k = key_states.new_zeros((B, H, cap, D))
-        v = value_states.new_zeros((B, H, cap, value_states.shape[-1]))
+        # The caller writes columns [n, needed) next and the old ones are copied, so only
+        # the columns past ``needed`` are zero-filled (not left as empty memory:
+        # `append`'s callers read them, masked, and a NaN there would survive the mask).
+        k = key_states.new_empty((B, H, cap, D))
+        v = value_states.new_empty((B, H, cap, value_states.shape[-1]))
+        k[:, :, needed:].zero_()
+        v[:, :, needed:].zero_()
         if self._k is not None and self._v is not None and self._n:
             k[:, :, : self._n] = self._k[:, :, : self._n]
             v[:, :, : self._n] = self._v[:, :, : self._n]
