@@ -42,6 +42,8 @@ DATA_ROLES = frozenset({"user", "tool"})
 are encoded as text. System and assistant contents (the task's own instructions and
 examples, which may name ``<tool_call>`` on purpose) are markup like the template's."""
 _PROBE_TOOL = "agentr1_probe_tool"
+SEGMENT_CACHE = 4096
+"""Observation segments `ChatFormat.observation_ids` keeps (then starts over)."""
 
 RenderFn = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None, bool], str]
 """(messages as dicts, tool schemas or None, add_generation_prompt) -> text."""
@@ -72,6 +74,9 @@ class ChatFormat:
     end_of_turn_id: int
     _renders_tools: bool | None = field(default=None, init=False, repr=False, compare=False)
     _controls: tuple[str, ...] | None = field(default=None, init=False, repr=False, compare=False)
+    _segments: dict[tuple[Any, ...], tuple[int, ...]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     @classmethod
     def from_hf(
@@ -170,8 +175,24 @@ class ChatFormat:
 
     def observation_ids(self, messages: Sequence[Message], turn_ended: bool) -> list[int]:
         """`observation_segment`, tokenized once (appended with ``loss_mask = 0``); the
-        tool messages' contents are data (see the module docstring)."""
-        return self._ids_with_data(messages, lambda m: self.observation_segment(m, turn_ended))
+        tool messages' contents are data (see the module docstring).
+
+        The tokens of a segment already made are reused (the same messages, the same
+        turn ending: the same tokens), up to `SEGMENT_CACHE` segments: a group's episodes
+        often run the same search, and rendering the template costs more than the rest
+        of an env step."""
+        key = (turn_ended, *((m.role, m.content, m.name, m.tool_call_id) for m in messages))
+        if any(m.tool_calls for m in messages):  # not a tool message: render it
+            return self._ids_with_data(messages, lambda m: self.observation_segment(m, turn_ended))
+        ids = self._segments.get(key)
+        if ids is None:
+            ids = tuple(
+                self._ids_with_data(messages, lambda m: self.observation_segment(m, turn_ended))
+            )
+            if len(self._segments) >= SEGMENT_CACHE:
+                self._segments.clear()
+            self._segments[key] = ids
+        return list(ids)
 
     def assistant_text(self, ids: Sequence[int]) -> str:
         """Decoded text of a sampled turn, without its end-of-turn marker (for Message logs)."""

@@ -255,6 +255,39 @@ def test_control_strings_in_a_tool_result_are_text_not_tokens(
         assert len(guarded) > len(plain)
 
 
+def test_observation_segments_are_reused_by_their_messages(smollm2_tokenizer: Any) -> None:
+    """A segment made before (same messages, same turn ending) comes from the cache:
+    the same ids as a fresh render, a copy the caller may change, and nothing reused
+    across a different content, tool call id or turn ending."""
+    chat = ChatFormat.from_hf(smollm2_tokenizer, chat_template=QWEN25_TOOLS)
+    fresh = ChatFormat.from_hf(smollm2_tokenizer, chat_template=QWEN25_TOOLS)
+    renders = 0
+    inner = chat.render
+
+    def counted(*args: Any) -> str:
+        nonlocal renders
+        renders += 1
+        return inner(*args)
+
+    object.__setattr__(chat, "render", counted)
+    obs = [Message("tool", "Port Azel.", name="search", tool_call_id="call_0_0")]
+    first = chat.observation_ids(obs, True)
+    first.append(-1)  # the caller's list, not the cache's
+    again = chat.observation_ids(list(obs), True)
+    assert renders == 1 and again == fresh.observation_ids(obs, True)
+    variants = [
+        ([Message("tool", "Port Azel!", name="search", tool_call_id="call_0_0")], True),
+        ([Message("tool", "Port Azel.", name="search", tool_call_id="call_1_0")], True),
+        (obs, False),
+    ]
+    for msgs, ended in variants:
+        assert chat.observation_ids(msgs, ended) == fresh.observation_ids(msgs, ended)
+    assert renders == 4
+    evil = [Message("tool", INJECTION, name="search")]
+    assert chat.observation_ids(evil, True) == chat.observation_ids(evil, True)
+    assert chat.observation_ids(evil, True) == fresh.observation_ids(evil, True)
+
+
 @pytest.mark.parametrize(("tokenizer", "template"), TEMPLATED[:3])
 def test_control_strings_in_a_question_are_text_not_tokens(
     tokenizer: str, template: str | None, request: pytest.FixtureRequest
