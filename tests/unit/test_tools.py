@@ -197,7 +197,7 @@ def test_search_tool_batches_the_queries_issued_together() -> None:
     _concurrently(SearchTool(r, top_k=1), ["w3"])
     assert r.batches[-1] == ["w3"]
     unbatched = _concurrently(SearchTool(r, top_k=1, batch=False), queries[:4])
-    assert r.singles == queries[:4] and len(r.batches) == 2
+    assert sorted(r.singles) == queries[:4] and len(r.batches) == 2  # own threads: any order
     assert [o.metadata["passage_ids"] for o in unbatched] == [[str(i)] for i in range(4)]
 
 
@@ -212,6 +212,7 @@ def test_search_tool_batch_shares_its_failure_and_its_timeout() -> None:
         t = SearchTool(hung, top_k=1, timeout_s=0.3)
         outs = _concurrently(t, ["w4", "w5"])
         assert all(isinstance(o, TimeoutError) for o in outs)
+        t.timeout_s = 30.0  # the next batch, with room for a busy machine
         assert _concurrently(t, ["w6"])[0].metadata["passage_ids"] == ["6"]
     finally:
         hung.release.set()
