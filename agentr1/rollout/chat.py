@@ -181,9 +181,9 @@ class ChatFormat:
         turn ending: the same tokens), up to `SEGMENT_CACHE` segments: a group's episodes
         often run the same search, and rendering the template costs more than the rest
         of an env step."""
-        key = (turn_ended, *((m.role, m.content, m.name, m.tool_call_id) for m in messages))
         if any(m.tool_calls for m in messages):  # not a tool message: render it
             return self._ids_with_data(messages, lambda m: self.observation_segment(m, turn_ended))
+        key = (turn_ended, *((m.role, m.content, m.name, m.tool_call_id) for m in messages))
         ids = self._segments.get(key)
         if ids is None:
             ids = tuple(
