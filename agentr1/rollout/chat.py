@@ -181,14 +181,16 @@ class ChatFormat:
         turn ending: the same tokens), up to `SEGMENT_CACHE` segments: a group's episodes
         often run the same search, and rendering the template costs more than the rest
         of an env step."""
-        if any(m.tool_calls for m in messages):  # not a tool message: render it
+
+        def made() -> list[int]:
             return self._ids_with_data(messages, lambda m: self.observation_segment(m, turn_ended))
+
+        if any(m.tool_calls for m in messages):  # not a tool message: render it
+            return made()
         key = (turn_ended, *((m.role, m.content, m.name, m.tool_call_id) for m in messages))
         ids = self._segments.get(key)
         if ids is None:
-            ids = tuple(
-                self._ids_with_data(messages, lambda m: self.observation_segment(m, turn_ended))
-            )
+            ids = tuple(made())
             if len(self._segments) >= SEGMENT_CACHE:
                 self._segments.clear()
             self._segments[key] = ids

@@ -200,8 +200,7 @@ def sampler_setup(
     if rollout_backend(cfg) == "vllm":
         return make_env, chat, vllm_generator(cfg, path)
     device = resolve_device(cfg.model.device)
-    bf16 = cfg.model.dtype == "bfloat16" or sampler_bf16(cfg, device)
-    dtype = torch.bfloat16 if bf16 else torch.float32
+    dtype = torch.bfloat16 if sampler_bf16(cfg, device) else torch.float32
     model = load_model(path, dtype=dtype, device=device).eval()
     model.requires_grad_(False)
     return make_env, chat, hf_generator(cfg, model, tokenizer)
@@ -252,7 +251,7 @@ def load_policy(cfg: Config, path: str) -> tuple[Any, ChatFormat, Any, Generator
     chat = ChatFormat.from_hf(tokenizer, chat_template=TEMPLATES[cfg.model.chat_template])
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else chat.end_of_turn_id
     sampler = policy
-    if dtype != torch.bfloat16 and sampler_bf16(cfg, policy.device):
+    if dtype != torch.bfloat16 and sampler_bf16(cfg, policy.device):  # a bf16 copy
         sampler = copy.deepcopy(policy).to(torch.bfloat16).eval()
         sampler.requires_grad_(False)
     if cfg.model.lora.rank:
@@ -312,7 +311,7 @@ def vllm_generator(cfg: Config, path: str) -> Generator:
     source, extra = resolve(path)  # the alias: the plain copy `load_model` prepared
     if extra:
         raise ValueError(f"model {path!r}: vLLM needs a plain HF directory, not a GGUF file")
-    bf16 = cfg.model.dtype == "bfloat16" or sampler_bf16(cfg, resolve_device(cfg.model.device))
+    bf16 = sampler_bf16(cfg, resolve_device(cfg.model.device))
     return VLLMGenerator(
         source,
         max_model_len=cfg.rollout.max_context,
@@ -373,25 +372,27 @@ def keep_freed_memory(keep_bytes: int) -> bool:
     these settings (its update ~8% faster, peak RSS unchanged). Process-wide, like
     ``torch.set_num_threads``; it only changes when memory goes back to the system."""
     import ctypes
-    import ctypes.util
 
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
-    try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
+    try:  # glibc's own parameters: another C library's mallopt (if any) means others
+        if not os.confstr("CS_GNU_LIBC_VERSION"):
+            return False
+        mallopt = ctypes.CDLL(None).mallopt  # the process's libc, no library search
         ok = mallopt(MALLOC_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1
         return bool(ok and mallopt(MALLOC_TRIM_THRESHOLD, min(keep_bytes, 2**31 - 1)) == 1)
-    except (OSError, AttributeError):  # no glibc: no mallopt
+    except (ValueError, OSError, AttributeError):  # not glibc, or no mallopt
         return False
+
+
+def wants_bf16(setting: str, device: torch.device) -> bool:
+    """Whether a dtype setting ("float32" / "same", "bfloat16", "auto") means bf16 on
+    ``device`` ("auto": where it computes bf16 natively, `native_bf16`)."""
+    return setting == "bfloat16" or (setting == "auto" and native_bf16(device))
 
 
 def sampler_bf16(cfg: Config, device: torch.device) -> bool:
-    """Whether the rollout samples from a bf16 copy (``model.sampler_dtype``; "auto":
-    where ``device`` computes bf16 natively, `native_bf16`)."""
-    want = cfg.model.sampler_dtype
-    return want == "bfloat16" or (want == "auto" and native_bf16(device))
+    """Whether the rollout samples from bf16 weights: the policy's own
+    (``model.dtype``), or a bf16 copy of them (``model.sampler_dtype``)."""
+    return cfg.model.dtype == "bfloat16" or wants_bf16(cfg.model.sampler_dtype, device)
 
 
 def train_autocast(cfg: Config, model: Any) -> contextlib.AbstractContextManager[Any]:
@@ -399,7 +400,5 @@ def train_autocast(cfg: Config, model: Any) -> contextlib.AbstractContextManager
     unless it asks for bfloat16 compute on non-bfloat16 weights ("auto": where the device
     has it natively, `native_bf16`)."""
     device = next(model.parameters()).device
-    want = cfg.model.compute_dtype
-    bf16 = want == "bfloat16" or (want == "auto" and native_bf16(device))
-    enabled = bf16 and cfg.model.dtype != "bfloat16"
+    enabled = wants_bf16(cfg.model.compute_dtype, device) and cfg.model.dtype != "bfloat16"
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=enabled)

@@ -506,9 +506,10 @@ def test_keep_freed_memory_sets_glibc_malloc_and_is_a_no_op_elsewhere(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """On glibc ``mallopt`` takes both settings (a fresh process, so this test's own
-    stays as it was); with no C library found, or one without ``mallopt``, nothing is
+    stays as it was); with another C library, or one without ``mallopt``, nothing is
     set and nothing raises."""
-    import ctypes.util
+    import ctypes
+    import os
     import platform
     import subprocess
     import sys
@@ -519,10 +520,13 @@ def test_keep_freed_memory_sets_glibc_malloc_and_is_a_no_op_elsewhere(
         code = "from agentr1.trainer.setup import keep_freed_memory as k; print(k(256 << 20))"
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
         assert out.stdout.strip() == "True", out.stderr
-    monkeypatch.setattr(ctypes.util, "find_library", lambda name: None)
-    assert setup.keep_freed_memory(1 << 20) is False
-    import ctypes
 
-    monkeypatch.setattr(ctypes.util, "find_library", lambda name: "libc.so")
-    monkeypatch.setattr(ctypes, "CDLL", lambda name: SimpleNamespace())  # musl: no mallopt
+    def not_glibc(name: str) -> str:
+        raise ValueError(f"unrecognized configuration name {name!r}")  # musl, macOS
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "confstr", not_glibc)
+        assert setup.keep_freed_memory(1 << 20) is False
+    monkeypatch.setattr(os, "confstr", lambda name: "glibc 2.36")
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: SimpleNamespace())  # no mallopt
     assert setup.keep_freed_memory(1 << 20) is False
