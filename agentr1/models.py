@@ -126,6 +126,27 @@ def load_model(
     return model
 
 
+def cast_copy(model: Any, dtype: torch.dtype) -> Any:
+    """A copy of ``model`` whose weights are in ``dtype``, the way ``load_model(path,
+    dtype=dtype)`` would give it: parameters and saved buffers are cast, the buffers a
+    model computes for itself and does not save (a rotary embedding's ``inv_freq``, built
+    in float32 by its constructor) keep their dtype. ``copy.deepcopy(model).to(dtype)``
+    would round those too: bf16 frequencies turn position p's angle by up to ~p x 2^-9
+    x f, a different sampler from the one a rollout worker loads.
+    """
+    clone = copy.deepcopy(model)
+    computed = [
+        (module, name, buf)
+        for module in clone.modules()
+        for name, buf in module._buffers.items()
+        if buf is not None and name in module._non_persistent_buffers_set
+    ]
+    clone.to(dtype)
+    for module, name, buf in computed:
+        module._buffers[name] = buf
+    return clone
+
+
 def prepare_smollm2(out_dir: Path | None = None) -> Path:
     """Save SmolLM2-135M-Instruct from the GGUF as a plain HF directory (safetensors).
 

@@ -10,14 +10,13 @@ Shapes follow the multi-hop QA recipe: 16 prompts of 400-900 tokens + 64 new tok
 
 from __future__ import annotations
 
-import copy
 import time
 
 import torch
 
 from agentr1.backends.base import SamplingParams
 from agentr1.backends.hf import HFGenerator
-from agentr1.models import load_model
+from agentr1.models import cast_copy, load_model
 from agentr1.trainer.logprobs import token_logprobs
 
 
@@ -27,7 +26,7 @@ def main() -> None:
     lengths = torch.randint(400, 900, (16,)).tolist()
     prompts = [torch.randint(100, 40000, (n,)).tolist() for n in lengths]
     params = SamplingParams(max_new_tokens=64, temperature=1.0, seed=0)
-    for tag, m in (("fp32", model), ("bf16 copy", copy.deepcopy(model).to(torch.bfloat16))):
+    for tag, m in (("fp32", model), ("bf16 copy", cast_copy(model, torch.bfloat16))):
         t = time.perf_counter()
         HFGenerator(m, None).generate(prompts, params)
         print(f"generate 16 x ~650 + 64 new, {tag}: {time.perf_counter() - t:.1f} s", flush=True)

@@ -14,14 +14,13 @@ against the plain one, next to bf16's own error (plain bf16 against plain fp32).
 
 from __future__ import annotations
 
-import copy
 import time
 
 import torch
 
 from agentr1.backends.base import SamplingParams
 from agentr1.backends.hf import HFGenerator
-from agentr1.models import load_model
+from agentr1.models import cast_copy, load_model
 from agentr1.trainer.logprobs import token_logprobs
 
 PREFIX = 289
@@ -76,7 +75,7 @@ def main() -> None:
     print(f"  shared vs plain, bf16 autocast: {gap(score(True), score(False))}")
     print(f"  plain bf16 vs plain fp32 (bf16's own error): {gap(score(False), fp32)}", flush=True)
 
-    sampler = copy.deepcopy(model).to(torch.bfloat16)
+    sampler = cast_copy(model, torch.bfloat16)
     prompts = [row[m.bool()].tolist()[:-70] for row, m in zip(ids16, attn16, strict=True)]
     params = SamplingParams(max_new_tokens=32, temperature=0.0)
 

@@ -5,7 +5,6 @@ that knows every layer; it knows tasks only through `agentr1.tasks.TaskSpec`."""
 from __future__ import annotations
 
 import contextlib
-import copy
 import hashlib
 import json
 import logging
@@ -243,7 +242,7 @@ def model_path(cfg: Config, spec: TaskSpec, cache_root: str | Path | None) -> tu
 def load_policy(cfg: Config, path: str) -> tuple[Any, ChatFormat, Any, Generator, int]:
     """(tokenizer, chat format, policy model, generator, pad id) for the model at ``path``
     (a local directory, a hub id or a known alias), with the config's dtype and template."""
-    from agentr1.models import load_model, load_tokenizer
+    from agentr1.models import cast_copy, load_model, load_tokenizer
 
     tokenizer = load_tokenizer(path)
     dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
@@ -252,7 +251,7 @@ def load_policy(cfg: Config, path: str) -> tuple[Any, ChatFormat, Any, Generator
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else chat.end_of_turn_id
     sampler = policy
     if dtype != torch.bfloat16 and sampler_bf16(cfg, policy.device):  # a bf16 copy
-        sampler = copy.deepcopy(policy).to(torch.bfloat16).eval()
+        sampler = cast_copy(policy, torch.bfloat16).eval()
         sampler.requires_grad_(False)
     if cfg.model.lora.rank:
         # After the sampler copy, which stays a plain model (synced merged).

@@ -27,14 +27,7 @@ from tests.e2e.test_train_loop import SMALL
 
 pytestmark = pytest.mark.ray
 
-# The workers must sample exactly what one process does: fp32 samplers (a bf16 copy made
-# in the driver and one loaded on a worker can round differently).
-DIST = [
-    "distributed.num_cpus=2",
-    "distributed.worker_threads=1",
-    "train.threads=1",
-    "model.sampler_dtype=same",
-]
+DIST = ["distributed.num_cpus=2", "distributed.worker_threads=1", "train.threads=1"]
 
 
 @pytest.fixture(autouse=True)

@@ -37,6 +37,25 @@ def test_sampler_copy_is_bf16_and_follows_the_policy(tmp_path: Path) -> None:
         assert torch.equal(p.to(torch.bfloat16), q), name
 
 
+def test_sampler_copy_is_what_a_rollout_worker_loads(tmp_path: Path) -> None:
+    """The driver's bf16 copy of the fp32 policy holds what ``load_model(path, bf16)``
+    (a rollout worker's sampler) holds, parameter for parameter and buffer for buffer:
+    the rotary frequencies the model computes for itself stay float32 in both."""
+    from agentr1.models import load_model
+
+    setup = build_setup(load_config(None, [*SMALL, *BF16, f"train.run_dir={tmp_path}"]))
+    copy_ = setup.generator.model
+    loaded = load_model(setup.model_dir, dtype=torch.bfloat16)
+    for kind in ("named_parameters", "named_buffers"):
+        mine = dict(getattr(copy_, kind)())
+        theirs = dict(getattr(loaded, kind)())
+        assert mine.keys() == theirs.keys(), kind
+        for name, t in theirs.items():
+            assert mine[name].dtype == t.dtype and torch.equal(mine[name], t), name
+    buffers = dict(copy_.named_buffers())
+    assert any(n.endswith("inv_freq") and b.dtype == torch.float32 for n, b in buffers.items())
+
+
 def test_same_sampler_dtype_shares_the_policy(tmp_path: Path) -> None:
     cfg = load_config(None, [*SMALL, "model.sampler_dtype=same", f"train.run_dir={tmp_path}"])
     setup = build_setup(cfg)
