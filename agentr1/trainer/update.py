@@ -42,7 +42,7 @@ from agentr1.algorithms.objectives import (
     get_policy_loss,
 )
 from agentr1.config import AlgoConfig, OptimConfig
-from agentr1.trainer.logprobs import length_groups, token_logprobs
+from agentr1.trainer.logprobs import backbone_and_head, micro_batches, recomputes, token_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -242,18 +242,17 @@ def _minibatch_step(
     Each micro-batch's loss is weighted by its share of the minibatch's aggregation
     denominator, so the gradient is the same whatever the split (over micro-batches, and
     over ranks with ``dp``: the denominator is always the whole minibatch's). Micro-batches
-    of similar length pad less: rows sorted by length and cut by `length_groups`, free
-    accuracy-wise."""
+    of similar length pad less, and rows that share a long prefix compute it once: the
+    cut `micro_batches` plans (by length across ranks), free accuracy-wise."""
     denom = aggregation_weight(mb.loss_mask_BT, t.algo.agg_mode).clamp(min=1.0)
     learner.zero_grad()
-    lengths_B = mb.attention_mask_BT.sum(-1)
-    by_len = torch.argsort(lengths_B, stable=True)
-    lengths = lengths_B[by_len].tolist()
-    micros = (
-        length_groups(by_len, lengths, optim.micro_batch_size)
-        if dp is None
-        else dp.micro_batches(by_len, lengths, optim.micro_batch_size)
-    )
+    if dp is None:
+        share = not recomputes(backbone_and_head(learner.policy)[0])
+        micros = micro_batches(mb.input_ids_BT, mb.attention_mask_BT, optim.micro_batch_size, share)
+    else:
+        lengths_B = mb.attention_mask_BT.sum(-1)
+        by_len = torch.argsort(lengths_B, stable=True)
+        micros = dp.micro_batches(by_len, lengths_B[by_len].tolist(), optim.micro_batch_size)
     lockstep = dp is not None and dp.lockstep
     finite = True
     for micro_idx in micros:

@@ -475,6 +475,125 @@ def test_length_groups_is_the_cheapest_cut(seed: int) -> None:
     assert cost([len(gr) for gr in groups]) == cheapest
 
 
+def grouped_batch(seed: int = 3, V: int = 64) -> tuple[torch.Tensor, ...]:
+    """Two GRPO-like groups of 4 rows, shuffled together: a group's rows share their
+    first 80 or 100 tokens (the prompt and a first turn), then differ in content and
+    length; right-padded. (ids, attention mask, loss mask, each row's group)"""
+    g = torch.Generator().manual_seed(seed)
+    lengths = [90, 120, 104, 140, 116, 150, 106, 132]
+    group = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    prefix = {0: 80, 1: 100}
+    T = max(lengths)
+    ids = torch.randint(4, V, (8, T), generator=g)
+    for k in (0, 1):
+        rows = (group == k).nonzero().flatten()
+        ids[rows, : prefix[k]] = ids[rows[0], : prefix[k]]
+    attn = torch.zeros(8, T, dtype=torch.long)
+    for row, n in enumerate(lengths):
+        attn[row, :n] = 1
+    mask = torch.zeros(8, T)
+    mask[:, 60:] = 1  # the agent's tokens, some inside the shared part
+    perm = torch.randperm(8, generator=g)
+    return (ids * attn)[perm], attn[perm], (mask * attn)[perm], group[perm]
+
+
+def test_micro_batches_run_a_groups_common_prefix_once_and_change_nothing() -> None:
+    """A group's rows share their prefix: `micro_batches` puts each group in its own
+    pass, which computes the prefix once (a [1, P] call, then the rows' rest). Log-probs,
+    entropies and gradients summed over the passes equal one plain padded pass; without
+    sharing the plan is `length_groups`'s."""
+    from agentr1.trainer.logprobs import length_groups, micro_batches
+
+    model = tiny_llama(vocab_size=64, hidden=32, layers=2)
+    ids, attn, mask, group = grouped_batch()
+    plan = micro_batches(ids, attn, 8)
+    assert sorted(sorted(group[idx].tolist()) for idx in plan) == [[0] * 4, [1] * 4]
+    lengths = attn.sum(-1)
+    by_len = torch.argsort(lengths, stable=True)
+    plain = [g.tolist() for g in length_groups(by_len, lengths[by_len].tolist(), 8)]
+    assert [g.tolist() for g in micro_batches(ids, attn, 8, share_prefix=False)] == plain
+
+    seen: list[tuple[int, int]] = []
+    hook = model.model.register_forward_pre_hook(
+        lambda _m, _a, kw: seen.append(tuple(kw["input_ids"].shape)), with_kwargs=True
+    )
+    model.zero_grad()
+    lp_BT, ent_BT = torch.zeros(ids.shape), torch.zeros(ids.shape)
+    for idx in plan:
+        t = int(lengths[idx].max())
+        lp, ent = token_logprobs(model, ids[idx, :t], attn[idx, :t], mask[idx, :t], 0.7, True)
+        loss = (lp * mask[idx, :t]).sum() + 0.1 * (ent * mask[idx, :t]).sum()
+        (loss / mask.sum()).backward()  # the batch's token mean, over passes
+        lp_BT[idx, :t], ent_BT[idx, :t] = lp.detach(), ent.detach()
+    hook.remove()
+    assert sorted(seen) == [(1, 80), (1, 100), (4, 50), (4, 60)]  # 620 tokens, not 8 x 150
+    shared_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    lp, ent = token_logprobs(model, ids, attn, mask, 0.7, True, share_prefix=False)
+    (((lp * mask).sum() + 0.1 * (ent * mask).sum()) / mask.sum()).backward()
+    torch.testing.assert_close(lp_BT, lp.detach(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent_BT, ent.detach(), atol=1e-5, rtol=1e-5)
+    for a, p in zip(shared_grads, model.parameters(), strict=True):
+        torch.testing.assert_close(a, p.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_the_no_grad_passes_share_prefixes_too() -> None:
+    """`sorted_token_logprobs` (reference and old log-probs) runs the same plan."""
+    from agentr1.trainer.logprobs import sorted_token_logprobs
+
+    model = tiny_llama(vocab_size=64, hidden=32, layers=2)
+    ids, attn, mask, _ = grouped_batch()
+    with torch.no_grad():
+        one, _ = token_logprobs(model, ids, attn, mask, 0.7, share_prefix=False)
+    seen: list[tuple[int, int]] = []
+    model.model.register_forward_pre_hook(
+        lambda _m, _a, kw: seen.append(tuple(kw["input_ids"].shape)), with_kwargs=True
+    )
+    torch.testing.assert_close(sorted_token_logprobs(model, ids, attn, mask, 0.7, rows=8), one)
+    assert sorted(seen) == [(1, 80), (1, 100), (4, 50), (4, 60)]
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_a_cut_of_rows_sharing_prefixes_is_the_cheapest(seed: int) -> None:
+    """`_cheapest_cuts` against every way to cut rows in order into runs of at most
+    ``max_rows``, a run computing its common prefix (the least ``common`` inside it) once
+    when it is at least MIN_SHARED_PREFIX long."""
+    import itertools
+
+    from agentr1.trainer.logprobs import MIN_SHARED_PREFIX, _cheapest_cuts
+
+    g = torch.Generator().manual_seed(seed)
+    n = int(torch.randint(1, 9, (1,), generator=g))
+    max_rows = int(torch.randint(1, 5, (1,), generator=g))
+    lengths = torch.randint(20, 120, (n,), generator=g).tolist()
+    common = [0] + [
+        min(a, b, int(torch.randint(0, 80, (1,), generator=g)))
+        for a, b in itertools.pairwise(lengths)
+    ]
+
+    def run_cost(a: int, b: int) -> int:
+        longest = max(lengths[a:b])
+        p = min([*common[a + 1 : b], longest - 1]) if b - a > 1 else 0
+        if p >= MIN_SHARED_PREFIX:
+            return p + (b - a) * (longest - p) + 2 * 64
+        return (b - a) * longest + 64
+
+    def cost(sizes: tuple[int, ...]) -> int:
+        edges = [0, *itertools.accumulate(sizes)]
+        return sum(run_cost(a, b) for a, b in itertools.pairwise(edges))
+
+    cheapest = min(
+        cost(sizes)
+        for parts in range(1, n + 1)
+        for sizes in itertools.product(range(1, max_rows + 1), repeat=parts)
+        if sum(sizes) == n
+    )
+    total, cuts = _cheapest_cuts(lengths, common, max_rows, 64)
+    assert [a for a, _ in cuts] == [0, *(b for _, b in cuts[:-1])] and cuts[-1][1] == n
+    assert all(1 <= b - a <= max_rows for a, b in cuts)
+    assert total == cost(tuple(b - a for a, b in cuts)) == cheapest
+
+
 def test_head_checkpointing_changes_no_gradient(monkeypatch: pytest.MonkeyPatch) -> None:
     """Small passes keep the LM head's logits for the backward; large ones (beyond
     CHECKPOINT_LOGITS_BYTES of logits) compute them again: the same log-probs and
