@@ -221,41 +221,145 @@ def backbone_hidden(
     attention_mask_BT: torch.Tensor,
     share_prefix: bool = True,
 ) -> torch.Tensor:
-    """Last hidden states of a right-padded batch. [B, T, H]
+    """Last hidden states of a right-padded batch (`hidden_states`, gathered). [B, T, H]"""
+    B, T = input_ids_BT.shape
+    states_MH, index_BT = hidden_states(backbone, input_ids_BT, attention_mask_BT, share_prefix)
+    return states_MH.index_select(0, index_BT.flatten()).view(B, T, -1)
 
-    With ``share_prefix`` and a common prefix of P >= `MIN_SHARED_PREFIX` columns, the
-    prefix runs once ([1, P]) and its KV cache is repeated to the B rows, then the
-    remaining [B, T - P] columns run against it. The result equals the plain forward (to
-    float rounding) and so do gradients: the repeat's backward sums the rows'
-    contributions into the one prefix computation. It saves (B - 1) x P tokens of work.
+
+def hidden_states(
+    backbone: Any,
+    input_ids_BT: torch.Tensor,
+    attention_mask_BT: torch.Tensor,
+    share_prefix: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The last hidden states of a right-padded batch as (states [M, H], index [B, T]):
+    row b's state at position t is ``states[index[b, t]]`` (a gather with
+    ``index_select``, whose backward is a fast ``index_add``).
+
+    With ``share_prefix``, rows that start with the same `MIN_SHARED_PREFIX` tokens form
+    a group (`prefix_groups`); a group of two rows or more computes its common prefix
+    once. The prefixes run as one call ([G, longest prefix], right-padded), each row's
+    KV cache is its group's (rows ordered by group, the cache repeated to them), then
+    every row's rest runs against it with the other columns masked out (a row of no
+    group sees no prefix). Equal to the plain forward (to float rounding) and so are
+    gradients: the repeat sums the rows' contributions into their group's prefix. It
+    saves (rows - 1) x prefix tokens of work per group.
     """
     B, T = input_ids_BT.shape
-    P = min(shared_prefix_len(input_ids_BT, attention_mask_BT), T - 1)
+    device = input_ids_BT.device
+
+    def plain() -> tuple[torch.Tensor, torch.Tensor]:
+        h = _plain_hidden(backbone, input_ids_BT, attention_mask_BT)
+        return h.reshape(B * T, -1), torch.arange(B * T, device=device).view(B, T)
+
     cache_kw = cache_kwarg(backbone)
-    if (
-        not share_prefix
-        or B < 2
-        or P < MIN_SHARED_PREFIX
-        or cache_kw is None
-        or recomputes(backbone)
-    ):
-        return _plain_hidden(backbone, input_ids_BT, attention_mask_BT)
-    pre = backbone(
-        input_ids=input_ids_BT[:1, :P], attention_mask=attention_mask_BT[:1, :P], use_cache=True
-    )
+    if not share_prefix or B < 2 or cache_kw is None or recomputes(backbone):
+        return plain()
+    if not right_padded(attention_mask_BT):
+        return plain()
+    lengths = [int(n) for n in attention_mask_BT.sum(-1).tolist()]
+    rows = [r[:n] for r, n in zip(input_ids_BT.tolist(), lengths, strict=True)]
+    groups = prefix_groups(rows)
+    if not groups:
+        return plain()
+    G, P = len(groups), max(p for _, p in groups)
+    order, counts, shared_B, src_B = _by_group(groups, B)
+    pre_GP = torch.zeros(G, P, dtype=input_ids_BT.dtype, device=device)
+    for g, (members, p) in enumerate(groups):
+        pre_GP[g, :p] = input_ids_BT[members[0], :p]
+    pre = backbone(input_ids=pre_GP, attention_mask=None, use_cache=True)
     cache = pre.get("cache") if "cache" in pre else pre.get("past_key_values")
     if cache is None:  # a model that returns no cache
-        return _plain_hidden(backbone, input_ids_BT, attention_mask_BT)
-    cache.batch_repeat_interleave(B)
-    pos_BS = torch.arange(P, T, device=input_ids_BT.device).expand(B, T - P)
+        return plain()
+    cache.batch_repeat_interleave(torch.tensor(counts, device=device))
+    shared = torch.tensor(shared_B, device=device)
+    order_B = torch.tensor(order, device=device)
+    inputs, S = _rest_inputs(input_ids_BT, attention_mask_BT.dtype, lengths, shared, P)
     rest = backbone(
-        input_ids=input_ids_BT[:, P:],
-        attention_mask=attention_mask_BT,
-        position_ids=pos_BS,
-        use_cache=True,
-        **{cache_kw: cache},
+        **{k: v[order_B] for k, v in inputs.items()}, use_cache=True, **{cache_kw: cache}
     )
-    return torch.cat([pre.last_hidden_state.expand(B, -1, -1), rest.last_hidden_state], dim=1)
+    # Row r's states: its group's prefix states, then its own rest's (clamped past its
+    # end: padding, never read); q is a row's place in the rest call.
+    q_B = torch.empty_like(order_B)
+    q_B[order_B] = torch.arange(B, device=device)
+    t_T = torch.arange(T, device=device)
+    from_pre = torch.tensor(src_B, device=device)[:, None] * P + t_T
+    from_rest = G * P + q_B[:, None] * S + (t_T - shared[:, None]).clamp(0, S - 1)
+    index_BT = torch.where(t_T < shared[:, None], from_pre, from_rest)
+    pre_h, rest_h = pre.last_hidden_state, rest.last_hidden_state
+    return torch.cat([pre_h.reshape(G * P, -1), rest_h.reshape(B * S, -1)]), index_BT
+
+
+def _by_group(
+    groups: list[tuple[list[int], int]], B: int
+) -> tuple[list[int], list[int], list[int], list[int]]:
+    """For `hidden_states`: the rows in group order (the rows of no group last, with the
+    last group's cache, masked), how many rows each group's cache serves, and per row its
+    shared prefix length and group."""
+    grouped = [r for members, _ in groups for r in members]
+    lone = sorted(set(range(B)) - set(grouped))
+    counts = [len(members) for members, _ in groups]
+    counts[-1] += len(lone)
+    shared_B, src_B = [0] * B, [len(groups) - 1] * B
+    for g, (members, p) in enumerate(groups):
+        for r in members:
+            shared_B[r], src_B[r] = p, g
+    return grouped + lone, counts, shared_B, src_B
+
+
+def _rest_inputs(
+    input_ids_BT: torch.Tensor,
+    mask_dtype: torch.dtype,
+    lengths: list[int],
+    shared_B: torch.Tensor,
+    P: int,
+) -> tuple[dict[str, torch.Tensor], int]:
+    """The rest call's inputs for rows whose first ``shared_B`` tokens come from a cache
+    of ``P`` columns: each row's remaining tokens (right-padded to the longest rest, S),
+    a mask over the cache's columns and theirs (a row sees its own prefix's columns
+    only), and positions that go on from its prefix. (inputs [B, S] / [B, P + S], S)"""
+    device = input_ids_BT.device
+    S = max(n - int(p) for n, p in zip(lengths, shared_B.tolist(), strict=True))
+    s_S = torch.arange(S, device=device)
+    real_BS = s_S < (torch.tensor(lengths, device=device) - shared_B)[:, None]
+    take_BS = (shared_B[:, None] + s_S).clamp(max=input_ids_BT.shape[1] - 1)
+    mask_BC = torch.cat([torch.arange(P, device=device) < shared_B[:, None], real_BS], 1)
+    inputs = {
+        "input_ids": input_ids_BT.gather(1, take_BS) * real_BS,
+        "attention_mask": mask_BC.to(mask_dtype),
+        "position_ids": shared_B[:, None] + s_S,
+    }
+    return inputs, S
+
+
+def prefix_groups(rows: list[list[int]]) -> list[tuple[list[int], int]]:
+    """Groups of rows (their indices) that start with the same `MIN_SHARED_PREFIX`
+    tokens, two rows or more each, and how many leading tokens each group's rows all
+    share (at most one less than its longest row, so every group leaves a rest to run).
+
+    >>> a, b = [1] * 40 + [2, 3], [1] * 40 + [2, 4, 5]
+    >>> prefix_groups([a, [7] * 50, b, [1] * 33])
+    [([0, 2, 3], 33)]
+    >>> prefix_groups([a, [7] * 50, b])
+    [([0, 2], 41)]
+    """
+    by_start: dict[tuple[int, ...], list[int]] = {}
+    for i, row in enumerate(rows):
+        if len(row) > MIN_SHARED_PREFIX:
+            by_start.setdefault(tuple(row[:MIN_SHARED_PREFIX]), []).append(i)
+    out = []
+    for members in by_start.values():
+        if len(members) < 2:
+            continue
+        first, p = rows[members[0]], min(len(rows[i]) for i in members)
+        for i in members[1:]:
+            row, k = rows[i], MIN_SHARED_PREFIX
+            while k < p and row[k] == first[k]:
+                k += 1
+            p = k
+        out.append((members, min(p, max(len(rows[i]) for i in members) - 1)))
+    return out
 
 
 def right_padded(mask_BT: torch.Tensor) -> bool:
@@ -323,7 +427,7 @@ def token_logprobs(
     """
     backbone, head = backbone_and_head(model)
     B, T = input_ids_BT.shape
-    hidden_BTH = backbone_hidden(backbone, input_ids_BT, attention_mask_BT, share_prefix)
+    states_MH, index_BT = hidden_states(backbone, input_ids_BT, attention_mask_BT, share_prefix)
     sel_BT = torch.zeros(B, T, dtype=torch.bool, device=input_ids_BT.device)
     if select_BT is None:
         sel_BT[:, 1:] = attention_mask_BT[:, 1:].bool()
@@ -331,7 +435,7 @@ def token_logprobs(
         sel_BT[:, 1:] = select_BT[:, 1:].bool()
     # Position t is predicted from hidden state t-1.
     idx_b, idx_t = sel_BT.nonzero(as_tuple=True)
-    hidden_NH = hidden_BTH[idx_b, idx_t - 1]
+    hidden_NH = states_MH.index_select(0, index_BT[idx_b, idx_t - 1])
     targets_N = input_ids_BT[idx_b, idx_t]
     inv_temp = 1.0 / temperature if temperature > 0 else 1.0
     lps, ents = _head_logprobs(hidden_NH, targets_N, head, inv_temp, with_entropy, chunk)
@@ -377,27 +481,43 @@ def _cheapest_cuts(
 ) -> tuple[int, list[tuple[int, int]]]:
     """(tokens computed, cuts [start, end)) of rows in a fixed order whose ``lengths``
     are given, ``common[k]`` leading tokens shared by rows k - 1 and k (``common[0]`` is
-    unused), cut into runs of at most ``max_rows`` rows at the fewest tokens computed: a
-    run computes its rows padded to its longest, plus ``pass_tokens``; a run of rows
-    sharing P >= `MIN_SHARED_PREFIX` leading tokens computes them once
-    (`backbone_hidden`: P + rows x (longest - P), and a second call of the backbone).
-    Exact (dynamic programming over the cut points; the common prefix of a run is the
-    least ``common`` inside it)."""
+    unused), cut into runs of at most ``max_rows`` rows at the fewest tokens computed.
+
+    A run is computed the way `backbone_hidden` does: its rows that share at least
+    `MIN_SHARED_PREFIX` leading tokens with their neighbours form groups (consecutive
+    here: rows in token order), each group of two or more sharing the least ``common``
+    inside it (at most its longest row - 1). Without a group a run computes its rows
+    padded to its longest, plus ``pass_tokens``; with groups, G prefixes padded to the
+    longest prefix, then every row's rest padded to the longest rest, plus two passes.
+    Exact (dynamic programming over the cut points; each run's cost kept up to date as
+    it grows a row to the left)."""
     n = len(lengths)
     max_rows = max(1, max_rows)
     best = [0] + [-1] * n  # best[i]: the fewest tokens for the first i rows
     start = [0] * (n + 1)
     for i in range(1, n + 1):
-        longest, shared = 0, lengths[i - 1]
+        longest = 0  # the run's longest row
+        groups = prefix = rest = 0  # the finished groups': count, longest prefix, longest rest
+        f_rows, f_shared, f_longest = 0, 0, 0  # the group at the run's left end
         for j in range(i - 1, max(0, i - max_rows) - 1, -1):  # ties: the shortest run
             longest = max(longest, lengths[j])
-            if j < i - 1:
-                shared = min(shared, common[j + 1])
-            rows, p = i - j, min(shared, longest - 1)
-            if rows > 1 and p >= MIN_SHARED_PREFIX:
-                cost = p + rows * (longest - p) + 2 * pass_tokens
+            if f_rows and common[j + 1] >= MIN_SHARED_PREFIX:  # row j joins the left group
+                f_rows, f_shared = f_rows + 1, min(f_shared, common[j + 1])
+                f_longest = max(f_longest, lengths[j])
+            else:  # the left group is finished: row j starts another
+                if f_rows > 1:
+                    p = min(f_shared, f_longest - 1)
+                    groups, prefix, rest = groups + 1, max(prefix, p), max(rest, f_longest - p)
+                elif f_rows:
+                    rest = max(rest, f_longest)
+                f_rows, f_shared, f_longest = 1, lengths[j], lengths[j]
+            rows = i - j
+            if f_rows > 1:
+                p = min(f_shared, f_longest - 1)
+                g, pre, r = groups + 1, max(prefix, p), max(rest, f_longest - p)
             else:
-                cost = rows * longest + pass_tokens
+                g, pre, r = groups, prefix, max(rest, f_longest)
+            cost = g * pre + rows * r + 2 * pass_tokens if g else rows * longest + pass_tokens
             if best[i] < 0 or best[j] + cost < best[i]:
                 best[i], start[i] = best[j] + cost, j
     cuts, i = [], n

@@ -497,21 +497,30 @@ def grouped_batch(seed: int = 3, V: int = 64) -> tuple[torch.Tensor, ...]:
     return (ids * attn)[perm], attn[perm], (mask * attn)[perm], group[perm]
 
 
-def test_micro_batches_run_a_groups_common_prefix_once_and_change_nothing() -> None:
-    """A group's rows share their prefix: `micro_batches` puts each group in its own
-    pass, which computes the prefix once (a [1, P] call, then the rows' rest). Log-probs,
-    entropies and gradients summed over the passes equal one plain padded pass; without
-    sharing the plan is `length_groups`'s."""
+@pytest.mark.parametrize(
+    ("max_rows", "calls"),
+    [
+        (8, [(2, 100), (8, 60)]),  # one pass: both prefixes in one call, then every rest
+        (4, [(1, 80), (1, 100), (4, 50), (4, 60)]),  # a pass a group
+    ],
+)
+def test_micro_batches_run_a_groups_common_prefix_once_and_change_nothing(
+    max_rows: int, calls: list[tuple[int, int]]
+) -> None:
+    """A group's rows share their prefix: `micro_batches` keeps each group in one pass,
+    which computes its prefix once (the prefixes in one call, then the rows' rests), 620
+    tokens instead of 8 x 150. Log-probs, entropies and gradients summed over the passes
+    equal one plain padded pass; without sharing the plan is `length_groups`'s."""
     from agentr1.trainer.logprobs import length_groups, micro_batches
 
     model = tiny_llama(vocab_size=64, hidden=32, layers=2)
     ids, attn, mask, group = grouped_batch()
-    plan = micro_batches(ids, attn, 8)
-    assert sorted(sorted(group[idx].tolist()) for idx in plan) == [[0] * 4, [1] * 4]
+    plan = micro_batches(ids, attn, max_rows)
+    assert all(len(set(group[idx].tolist())) * 4 == len(idx) for idx in plan)  # whole groups
     lengths = attn.sum(-1)
     by_len = torch.argsort(lengths, stable=True)
-    plain = [g.tolist() for g in length_groups(by_len, lengths[by_len].tolist(), 8)]
-    assert [g.tolist() for g in micro_batches(ids, attn, 8, share_prefix=False)] == plain
+    plain = [g.tolist() for g in length_groups(by_len, lengths[by_len].tolist(), max_rows)]
+    assert [g.tolist() for g in micro_batches(ids, attn, max_rows, share_prefix=False)] == plain
 
     seen: list[tuple[int, int]] = []
     hook = model.model.register_forward_pre_hook(
@@ -526,7 +535,7 @@ def test_micro_batches_run_a_groups_common_prefix_once_and_change_nothing() -> N
         (loss / mask.sum()).backward()  # the batch's token mean, over passes
         lp_BT[idx, :t], ent_BT[idx, :t] = lp.detach(), ent.detach()
     hook.remove()
-    assert sorted(seen) == [(1, 80), (1, 100), (4, 50), (4, 60)]  # 620 tokens, not 8 x 150
+    assert sorted(seen) == calls
     shared_grads = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
     lp, ent = token_logprobs(model, ids, attn, mask, 0.7, True, share_prefix=False)
@@ -535,6 +544,38 @@ def test_micro_batches_run_a_groups_common_prefix_once_and_change_nothing() -> N
     torch.testing.assert_close(ent_BT, ent.detach(), atol=1e-5, rtol=1e-5)
     for a, p in zip(shared_grads, model.parameters(), strict=True):
         torch.testing.assert_close(a, p.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_groups_lone_rows_and_a_row_that_is_all_prefix_in_one_pass() -> None:
+    """`backbone_hidden` with two groups, a row that shares nothing and a row no longer
+    than its group's prefix: every real position's state and every gradient equal the
+    plain forward's."""
+    from agentr1.trainer.logprobs import backbone_hidden, prefix_groups
+
+    model = tiny_llama(vocab_size=64, hidden=32, layers=2)
+    ids, attn, _, _ = grouped_batch()
+    g = torch.Generator().manual_seed(9)
+    lone = torch.randint(4, 64, (1, ids.shape[1]), generator=g)
+    lone[0, 70:] = 0
+    short = ids[attn.sum(-1).argmax()].clone()[None]
+    rows = [r[: int(n)].tolist() for r, n in zip(ids, attn.sum(-1), strict=True)]
+    p = dict((len(m), q) for m, q in prefix_groups(rows))[4]
+    short[0, p:] = 0  # just a group's prefix: nothing left of it to run in the rest
+    ids, attn = (
+        torch.cat([ids, lone, short]),
+        torch.cat([attn, (lone > 0).long(), (short > 0).long()]),
+    )
+    w = torch.randn(ids.shape[0], ids.shape[1], 32, generator=g) * attn[..., None]
+    states = []
+    for share in (True, False):
+        model.zero_grad()
+        h = backbone_hidden(model.model, ids, attn, share)
+        (h * w).sum().backward()
+        states.append((h.detach(), [q.grad.clone() for q in model.model.parameters()]))
+    real = attn.bool()
+    torch.testing.assert_close(states[0][0][real], states[1][0][real], atol=1e-5, rtol=1e-5)
+    for a, b in zip(states[0][1], states[1][1], strict=True):  # float sums, in other orders
+        torch.testing.assert_close(a, b, atol=1e-5 * float(b.abs().max()), rtol=1e-3)
 
 
 def test_the_no_grad_passes_share_prefixes_too() -> None:
@@ -550,14 +591,14 @@ def test_the_no_grad_passes_share_prefixes_too() -> None:
         lambda _m, _a, kw: seen.append(tuple(kw["input_ids"].shape)), with_kwargs=True
     )
     torch.testing.assert_close(sorted_token_logprobs(model, ids, attn, mask, 0.7, rows=8), one)
-    assert sorted(seen) == [(1, 80), (1, 100), (4, 50), (4, 60)]
+    assert seen == [(2, 100), (8, 60)]
 
 
 @pytest.mark.parametrize("seed", range(30))
 def test_a_cut_of_rows_sharing_prefixes_is_the_cheapest(seed: int) -> None:
     """`_cheapest_cuts` against every way to cut rows in order into runs of at most
-    ``max_rows``, a run computing its common prefix (the least ``common`` inside it) once
-    when it is at least MIN_SHARED_PREFIX long."""
+    ``max_rows``, each run's cost computed from scratch: its groups (neighbours sharing
+    at least MIN_SHARED_PREFIX tokens), each group's prefix once, then the rows' rests."""
     import itertools
 
     from agentr1.trainer.logprobs import MIN_SHARED_PREFIX, _cheapest_cuts
@@ -571,12 +612,21 @@ def test_a_cut_of_rows_sharing_prefixes_is_the_cheapest(seed: int) -> None:
         for a, b in itertools.pairwise(lengths)
     ]
 
-    def run_cost(a: int, b: int) -> int:
-        longest = max(lengths[a:b])
-        p = min([*common[a + 1 : b], longest - 1]) if b - a > 1 else 0
-        if p >= MIN_SHARED_PREFIX:
-            return p + (b - a) * (longest - p) + 2 * 64
-        return (b - a) * longest + 64
+    def run_cost(a: int, b: int) -> int:  # from scratch: the run's groups, then its passes
+        groups, at = [], a
+        for k in range(a + 1, b + 1):
+            if k == b or common[k] < MIN_SHARED_PREFIX:
+                groups.append(range(at, k))
+                at = k
+        shared = [
+            min([*(common[k] for k in g[1:]), max(lengths[k] for k in g) - 1]) if len(g) > 1 else 0
+            for g in groups
+        ]
+        if not any(shared):
+            return (b - a) * max(lengths[a:b]) + 64
+        rest = max(lengths[k] - p for g, p in zip(groups, shared, strict=True) for k in g)
+        n_groups = sum(len(g) > 1 for g in groups)
+        return n_groups * max(shared) + (b - a) * rest + 2 * 64
 
     def cost(sizes: tuple[int, ...]) -> int:
         edges = [0, *itertools.accumulate(sizes)]
