@@ -270,8 +270,9 @@ class OptimConfig:
     """Optimizer steps per epoch."""
     micro_batch_size: int = 32
     """Most rows per forward/backward (gradient accumulation inside a minibatch); rows are
-    sorted by length and cut where that computes fewest tokens (`length_groups` in
-    agentr1/trainer/logprobs.py), so a micro-batch may hold fewer."""
+    ordered by length, or rows that share a prefix together, and cut where that computes
+    fewest tokens (`micro_batches` in agentr1/trainer/logprobs.py), so a micro-batch may
+    hold fewer."""
     activation_checkpointing: bool = False
     """Recompute each decoder layer's activations during the backward pass instead of
     keeping them from the forward (transformers' gradient checkpointing, non-reentrant):

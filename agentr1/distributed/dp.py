@@ -4,9 +4,9 @@ collectives that make N ranks' update the one-process update (`DataParallel`, th
 
 Every rank holds the whole `UpdateBatch` and draws the same minibatch permutation, so
 every rank knows every minibatch and its aggregation denominator (the masked tokens, or
-rows, of the WHOLE minibatch). A minibatch's rows, shortest first, are cut into the
-micro-batches one process would run (`micro_batches_of_rank`), and micro-batch ``i`` goes
-to rank ``i mod N``; each rank backpropagates its micro-batches' losses times their share
+rows, of the WHOLE minibatch). A minibatch's rows are cut into the micro-batches one
+process would run (`agentr1.trainer.logprobs.micro_batches`: by length, or rows sharing a
+prefix together), each dealt to the rank with the fewest tokens so far (`deal`); each rank backpropagates its micro-batches' losses times their share
 of the global denominator, the gradients are summed over ranks (`DataParallel`), and every
 rank takes the same optimizer step. The gradient is then the token-mean (or seq-mean) over
 the global minibatch, exactly as in one process, up to the order of the float sums.
@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from agentr1.trainer.logprobs import length_groups
+from agentr1.trainer.logprobs import length_groups, micro_batches
 from agentr1.trainer.update import MetricMeans
 
 BUCKET_BYTES = 32 * 2**20
@@ -62,23 +62,30 @@ def micro_batches_of_rank(
     by_len: torch.Tensor, lengths: list[int], micro_batch_size: int, rank: int, world: int
 ) -> list[torch.Tensor]:
     """Rank ``rank``'s micro-batches (row indices) of a minibatch whose rows, shortest
-    first, are ``by_len`` (``lengths`` in that order): the micro-batches `length_groups`
-    cuts with at most `micro_size` rows, each in turn dealt to the rank with the fewest
-    tokens to compute so far (the lowest rank on a tie), so the ranks' token counts differ
-    by at most one micro-batch's. The ranks' micro-batches together are each row once;
-    with at least ``world`` rows a rank they are the very micro-batches one process runs,
-    so even the per-micro-batch metrics agree.
+    first, are ``by_len`` (``lengths`` in that order), cut by length only: the
+    micro-batches `length_groups` cuts with at most `micro_size` rows, dealt (`deal`).
 
     >>> [t.tolist() for t in micro_batches_of_rank(torch.arange(7), [9] * 7, 2, 1, 2)]
     [[2, 3], [6]]
     """
     rows = micro_size(len(by_len), micro_batch_size, world)
+    lengths_B = torch.zeros(len(by_len), dtype=torch.long)
+    lengths_B[by_len] = torch.tensor(lengths, dtype=torch.long)
+    return deal(length_groups(by_len, lengths, rows), lengths_B, rank, world)
+
+
+def deal(
+    micros: list[torch.Tensor], lengths_B: torch.Tensor, rank: int, world: int
+) -> list[torch.Tensor]:
+    """Rank ``rank``'s share of ``micros`` (row indices; ``lengths_B``, each row's
+    length): each micro-batch in turn to the rank with the fewest tokens to compute so
+    far (padded to its longest row; the lowest rank on a tie), so the ranks' token counts
+    differ by at most one micro-batch's. The ranks' shares together are ``micros``."""
     load = [0] * world
-    mine, start = [], 0
-    for group in length_groups(by_len, lengths, rows):
-        start += len(group)
+    mine = []
+    for group in micros:
         to = load.index(min(load))
-        load[to] += len(group) * lengths[start - 1]  # padded to its longest (last) row
+        load[to] += len(group) * int(lengths_B[group].max())
         if to == rank:
             mine.append(group)
     return mine
@@ -153,9 +160,18 @@ class DataParallel:
         self.rank, self.world, self.device = rank, world, device
 
     def micro_batches(
-        self, by_len: torch.Tensor, lengths: list[int], micro_batch_size: int
+        self,
+        input_ids_BT: torch.Tensor,
+        attention_mask_BT: torch.Tensor,
+        micro_batch_size: int,
+        share_prefix: bool,
     ) -> list[torch.Tensor]:
-        return micro_batches_of_rank(by_len, lengths, micro_batch_size, self.rank, self.world)
+        """The micro-batches one process cuts (`micro_batches`, with at most `micro_size`
+        rows), dealt (`deal`): with at least ``world`` micro-batches of rows they are the
+        very micro-batches one process runs, so even the per-micro-batch metrics agree."""
+        rows = micro_size(input_ids_BT.shape[0], micro_batch_size, self.world)
+        plan = micro_batches(input_ids_BT, attention_mask_BT, rows, share_prefix)
+        return deal(plan, attention_mask_BT.sum(-1), self.rank, self.world)
 
     def sum_gradients(self, params: list[torch.nn.Parameter], ok: bool) -> bool:
         """Sum the gradients (a rank that computed none for a parameter adds zeros) and

@@ -63,9 +63,14 @@ class ShardedParallel(DataParallel):
     lockstep = True
 
     def micro_batches(
-        self, by_len: torch.Tensor, lengths: list[int], micro_batch_size: int
+        self,
+        input_ids_BT: torch.Tensor,
+        attention_mask_BT: torch.Tensor,
+        micro_batch_size: int,
+        share_prefix: bool,
     ) -> list[torch.Tensor]:
-        # every rank must run as many passes: equal row counts, not `length_groups`
+        # every rank must run as many passes: equal row counts, not `micro_batches`' cut
+        by_len = torch.argsort(attention_mask_BT.sum(-1), stable=True)
         return lockstep_micro_batches(by_len, micro_batch_size, self.rank, self.world)
 
     def sum_gradients(self, params: list[torch.nn.Parameter], ok: bool) -> bool:

@@ -2,11 +2,13 @@
 
 Notation: B = rows, T = tokens, H = hidden size, V = vocabulary, N = selected positions.
 
-The backbone runs once over the batch -- the prompt prefix that every row shares (the
-system prompt with the tool schema: 289 of 650-1,024 tokens per multi-hop QA episode)
-once for all rows, then each row's rest against its cached keys and values
-(`backbone_hidden`), with gradients flowing through the shared part exactly as through B
-copies of it. The LM head and log-softmax then run only on the positions that matter
+The backbone runs once over the batch -- the prefix each group of rows shares (a GRPO
+group's prompt and, once the policy is sure of itself, its first turns and their tool
+responses; at least the system prompt with the tool schema: 289 of 650-1,024 tokens per
+multi-hop QA episode) once for the group, then each row's rest against its cached keys
+and values (`hidden_states`), with gradients flowing through the shared part exactly as
+through copies of it. `micro_batches` cuts a batch into passes where that computes the
+fewest tokens. The LM head and log-softmax then run only on the positions that matter
 (those with ``loss_mask = 1`` — the agent's tokens), in chunks of ``chunk`` positions.
 The head has its own backward (`_HeadLogprobs`: two passes over a chunk's logits, the
 native kernel's on the CPU). When the pass's float32 logits would exceed
@@ -202,17 +204,6 @@ def backbone_and_head(model: Any) -> tuple[Any, torch.nn.Linear]:
     if backbone is None or head is None:
         raise TypeError(f"{type(model).__name__}: cannot find the backbone and LM head")
     return backbone, head
-
-
-def shared_prefix_len(input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor) -> int:
-    """Columns, from the left, where every row holds the same real token.
-
-    >>> ids = torch.tensor([[1, 2, 3, 4], [1, 2, 5, 0]])
-    >>> shared_prefix_len(ids, torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]]))
-    2
-    """
-    same_T = (input_ids_BT == input_ids_BT[:1]).all(0) & attention_mask_BT.bool().all(0)
-    return int(same_T.long().cumprod(0).sum())
 
 
 def backbone_hidden(

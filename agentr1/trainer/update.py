@@ -135,11 +135,14 @@ class Collective(Protocol):
     whose loss is not finite or whose weight is 0 (FSDP: each pass is a collective)."""
 
     def micro_batches(
-        self, by_len: torch.Tensor, lengths: list[int], micro_batch_size: int
+        self,
+        input_ids_BT: torch.Tensor,
+        attention_mask_BT: torch.Tensor,
+        micro_batch_size: int,
+        share_prefix: bool,
     ) -> list[torch.Tensor]:
-        """This rank's micro-batches (row indices) of a minibatch whose rows, shortest
-        first, are ``by_len`` (``lengths`` in that order): a share of the micro-batches
-        one process would run."""
+        """This rank's micro-batches (row indices) of a minibatch (its right-padded rows):
+        a share of the micro-batches one process would run (`micro_batches`)."""
         ...
 
     def sum_gradients(self, params: list[torch.nn.Parameter], ok: bool) -> bool:
@@ -243,16 +246,12 @@ def _minibatch_step(
     denominator, so the gradient is the same whatever the split (over micro-batches, and
     over ranks with ``dp``: the denominator is always the whole minibatch's). Micro-batches
     of similar length pad less, and rows that share a long prefix compute it once: the
-    cut `micro_batches` plans (by length across ranks), free accuracy-wise."""
+    cut `micro_batches` plans (dealt to the ranks with ``dp``), free accuracy-wise."""
     denom = aggregation_weight(mb.loss_mask_BT, t.algo.agg_mode).clamp(min=1.0)
     learner.zero_grad()
-    if dp is None:
-        share = not recomputes(backbone_and_head(learner.policy)[0])
-        micros = micro_batches(mb.input_ids_BT, mb.attention_mask_BT, optim.micro_batch_size, share)
-    else:
-        lengths_B = mb.attention_mask_BT.sum(-1)
-        by_len = torch.argsort(lengths_B, stable=True)
-        micros = dp.micro_batches(by_len, lengths_B[by_len].tolist(), optim.micro_batch_size)
+    share = not recomputes(backbone_and_head(learner.policy)[0])
+    plan = micro_batches if dp is None else dp.micro_batches
+    micros = plan(mb.input_ids_BT, mb.attention_mask_BT, optim.micro_batch_size, share)
     lockstep = dp is not None and dp.lockstep
     finite = True
     for micro_idx in micros:

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from agentr1.config import AlgoConfig, OptimConfig
-from agentr1.distributed.dp import buckets, micro_batches_of_rank
+from agentr1.distributed.dp import DataParallel, buckets, micro_batches_of_rank
 from agentr1.distributed.fsdp import lockstep_micro_batches
 from agentr1.trainer.logprobs import length_groups, token_logprobs
 from agentr1.trainer.update import Collective, Learner, MetricMeans, UpdateBatch, rl_update
@@ -140,9 +140,11 @@ class ThreadRanks:
             lockstep = False
 
             def micro_batches(
-                self, by_len: torch.Tensor, lengths: list[int], micro: int
+                self, ids: torch.Tensor, mask: torch.Tensor, micro: int, share: bool
             ) -> list[torch.Tensor]:
-                return micro_batches_of_rank(by_len, lengths, micro, r, ranks.world)
+                return DataParallel(r, ranks.world, ids.device).micro_batches(
+                    ids, mask, micro, share
+                )
 
             def sum_gradients(self, params: list[torch.nn.Parameter], ok: bool) -> bool:
                 mine = [torch.zeros_like(p) if p.grad is None else p.grad for p in params]
@@ -241,3 +243,21 @@ def test_importing_agentr1_and_its_distributed_parts_imports_no_ray() -> None:
         "assert 'ray' not in sys.modules, 'Ray was imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_the_ranks_deal_out_the_passes_one_process_plans(world: int) -> None:
+    """With rows that share prefixes, the ranks run one process's micro-batches
+    (`micro_batches`: each group whole), dealt: each row once, each micro-batch once
+    (8 rows, 4 a micro-batch: enough for 2 ranks; 3 would cut them smaller)."""
+    from agentr1.trainer.logprobs import micro_batches
+    from tests.unit.test_trainer_units import grouped_batch
+
+    ids, attn, _, group = grouped_batch()
+    one = micro_batches(ids, attn, 4)
+    assert sorted(sorted(group[mc].tolist()) for mc in one) == [[0] * 4, [1] * 4]
+    shares = [
+        DataParallel(r, world, ids.device).micro_batches(ids, attn, 4, True) for r in range(world)
+    ]
+    assert sorted(mc.tolist() for s in shares for mc in s) == sorted(mc.tolist() for mc in one)
+    assert all(shares[:2])  # two micro-batches: the first two ranks get one each

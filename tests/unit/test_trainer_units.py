@@ -115,7 +115,8 @@ def test_shared_prefix_runs_once_and_changes_nothing() -> None:
 
     model = tiny_llama(vocab_size=64, hidden=32, layers=2)
     ids, attn, mask = shared_prefix_batch()
-    assert lpmod.shared_prefix_len(ids, attn) == 40
+    rows = [r[: int(n)].tolist() for r, n in zip(ids, attn.sum(-1), strict=True)]
+    assert lpmod.prefix_groups(rows) == [([0, 1, 2, 3], 40)]
     seen: list[tuple[int, int]] = []
     hook = model.model.register_forward_pre_hook(
         lambda _m, _a, kw: seen.append(tuple(kw["input_ids"].shape)), with_kwargs=True
