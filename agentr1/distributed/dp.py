@@ -6,9 +6,10 @@ Every rank holds the whole `UpdateBatch` and draws the same minibatch permutatio
 every rank knows every minibatch and its aggregation denominator (the masked tokens, or
 rows, of the WHOLE minibatch). A minibatch's rows are cut into the micro-batches one
 process would run (`agentr1.trainer.logprobs.micro_batches`: by length, or rows sharing a
-prefix together), each dealt to the rank with the fewest tokens so far (`deal`); each rank backpropagates its micro-batches' losses times their share
-of the global denominator, the gradients are summed over ranks (`DataParallel`), and every
-rank takes the same optimizer step. The gradient is then the token-mean (or seq-mean) over
+prefix together), each dealt to the rank with the fewest tokens so far (`deal`); each
+rank backpropagates its micro-batches' losses times their share of the global
+denominator, the gradients are summed over ranks (`DataParallel`), and every rank takes
+the same optimizer step. The gradient is then the token-mean (or seq-mean) over
 the global minibatch, exactly as in one process, up to the order of the float sums.
 
 Uses only ``torch.distributed`` (gloo or nccl), not Ray: the process group is joined by
