@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from agentr1.trainer.logprobs import length_groups, micro_batches
+from agentr1.trainer.logprobs import micro_batches
 from agentr1.trainer.update import MetricMeans
 
 BUCKET_BYTES = 32 * 2**20
@@ -59,29 +59,18 @@ def micro_size(rows: int, micro_batch_size: int, world: int) -> int:
     return max(1, min(micro_batch_size, math.ceil(rows / world)))
 
 
-def micro_batches_of_rank(
-    by_len: torch.Tensor, lengths: list[int], micro_batch_size: int, rank: int, world: int
-) -> list[torch.Tensor]:
-    """Rank ``rank``'s micro-batches (row indices) of a minibatch whose rows, shortest
-    first, are ``by_len`` (``lengths`` in that order), cut by length only: the
-    micro-batches `length_groups` cuts with at most `micro_size` rows, dealt (`deal`).
-
-    >>> [t.tolist() for t in micro_batches_of_rank(torch.arange(7), [9] * 7, 2, 1, 2)]
-    [[2, 3], [6]]
-    """
-    rows = micro_size(len(by_len), micro_batch_size, world)
-    lengths_B = torch.zeros(len(by_len), dtype=torch.long)
-    lengths_B[by_len] = torch.tensor(lengths, dtype=torch.long)
-    return deal(length_groups(by_len, lengths, rows), lengths_B, rank, world)
-
-
 def deal(
     micros: list[torch.Tensor], lengths_B: torch.Tensor, rank: int, world: int
 ) -> list[torch.Tensor]:
     """Rank ``rank``'s share of ``micros`` (row indices; ``lengths_B``, each row's
     length): each micro-batch in turn to the rank with the fewest tokens to compute so
     far (padded to its longest row; the lowest rank on a tie), so the ranks' token counts
-    differ by at most one micro-batch's. The ranks' shares together are ``micros``."""
+    differ by at most one micro-batch's. The ranks' shares together are ``micros``.
+
+    >>> micros = [torch.tensor([0, 1]), torch.tensor([2, 3]), torch.tensor([4])]
+    >>> [t.tolist() for t in deal(micros, torch.full((5,), 9), 1, 2)]
+    [[2, 3]]
+    """
     load = [0] * world
     mine = []
     for group in micros:

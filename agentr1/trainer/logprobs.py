@@ -411,7 +411,7 @@ def token_logprobs(
         temperature: the sampling temperature, so log-probs match the rollout's.
         chunk: positions per LM-head chunk.
         with_entropy: also return the entropy of the predictive distribution.
-        share_prefix: run the rows' common prefix once (`backbone_hidden`).
+        share_prefix: run the rows' common prefix once (`hidden_states`).
 
     Returns:
         (logprobs_BT, entropy_BT), zero outside the selected positions. [B, T] each
@@ -474,7 +474,7 @@ def _cheapest_cuts(
     are given, ``common[k]`` leading tokens shared by rows k - 1 and k (``common[0]`` is
     unused), cut into runs of at most ``max_rows`` rows at the fewest tokens computed.
 
-    A run is computed the way `backbone_hidden` does: its rows that share at least
+    A run is computed the way `hidden_states` does: its rows that share at least
     `MIN_SHARED_PREFIX` leading tokens with their neighbours form groups (consecutive
     here: rows in token order), each group of two or more sharing the least ``common``
     inside it (at most its longest row - 1). Without a group a run computes its rows
@@ -542,7 +542,7 @@ def micro_batches(
     (row indices), at the fewest tokens computed: the cheaper of `length_groups`'s plan
     (rows by length, so passes pad little) and, with ``share_prefix``, one with rows
     that start alike next to each other (sorted by their tokens), cut where runs share
-    a long prefix, which `backbone_hidden` computes once for the run.
+    a long prefix, which `hidden_states` computes once for the run.
 
     A GRPO group's samples share their prompt and, once the policy is sure of itself,
     their first turns and the tool's answers to them: in the demo's batches from a

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from agentr1.config import AlgoConfig, OptimConfig
-from agentr1.distributed.dp import DataParallel, buckets, micro_batches_of_rank
+from agentr1.distributed.dp import DataParallel, buckets, deal, micro_size
 from agentr1.distributed.fsdp import lockstep_micro_batches
 from agentr1.trainer.logprobs import length_groups, token_logprobs
 from agentr1.trainer.update import Collective, Learner, MetricMeans, UpdateBatch, rl_update
@@ -29,7 +29,10 @@ def test_the_ranks_micro_batches_are_each_row_once(rows: int, micro: int, world:
     g = torch.Generator().manual_seed(rows)
     by_len = torch.randperm(rows, generator=g)
     lengths = torch.randint(5, 400, (rows,), generator=g).sort().values.tolist()
-    shares = [micro_batches_of_rank(by_len, lengths, micro, r, world) for r in range(world)]
+    lengths_B = torch.zeros(rows, dtype=torch.long)
+    lengths_B[by_len] = torch.tensor(lengths)
+    plan = length_groups(by_len, lengths, micro_size(rows, micro, world))
+    shares = [deal(plan, lengths_B, r, world) for r in range(world)]
     got = sorted(i for share in shares for mc in share for i in mc.tolist())
     assert got == list(range(rows))
     assert all(len(mc) <= micro for share in shares for mc in share)
@@ -224,10 +227,11 @@ def test_a_mean_of_per_rank_means_would_be_another_gradient() -> None:
         rl_update(Learner(model, opt), rows, algo, optim, 1.0, torch.Generator().manual_seed(3))
         return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
 
-    lengths_B = ub.attention_mask_BT.sum(-1)
-    by_len = torch.argsort(lengths_B, stable=True)
-    lengths = lengths_B[by_len].tolist()
-    halves = [torch.cat(micro_batches_of_rank(by_len, lengths, 4, r, 2)) for r in range(2)]
+    ids, mask = ub.input_ids_BT, ub.attention_mask_BT
+    halves = [
+        torch.cat(DataParallel(r, 2, ids.device).micro_batches(ids, mask, 4, True))
+        for r in range(2)
+    ]
     naive = sum(grads(ub.rows(h)) for h in halves) / 2
     assert (naive - grads(ub)).abs().max() > 1e-3
 
