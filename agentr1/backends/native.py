@@ -1,7 +1,7 @@
-"""Native kernels for the ``hf`` sampler's written-out pass and the trainer's LM head,
+"""Native kernels for the ``hf`` sampler's written-out pass and the trainer's passes,
 built on first use.
 
-Four kernels, each a C++ source in ``kernels/`` (with the shared ``bf16.h``):
+Five kernels, each a C++ source in ``kernels/`` (with the shared ``bf16.h``):
 
 - `DecodeAttention` (``decode_attention.cpp``): a decode step's rotary embedding,
   KV-cache write and grouped-query softmax attention for every (row, key head) pair in
@@ -29,6 +29,9 @@ Four kernels, each a C++ source in ``kernels/`` (with the shared ``bf16.h``):
 - `LogSoftmax` (``log_softmax.cpp``): the trainer's LM-head log-softmax over float32
   logits, forward (logsumexp, the target's log-prob, the entropy) and backward (the
   gradient written over the logits), a row at a time (`agentr1.trainer.logprobs`).
+- `RMSNorm` (``rms_norm.cpp``): the trainer's RMSNorms over float32 rows, forward and
+  backward, one call each where torch's ops read and write the whole activation six
+  times forward and about twice that backward (`agentr1.trainer.norms`).
 
 Building: the machine's C++ compiler (``$CXX``, else ``c++`` / ``g++`` / ``clang++``)
 compiles a source with ``-O3 -march=native`` into ``$AGENTR1_KERNEL_DIR`` (default
@@ -69,6 +72,7 @@ SOURCE = KERNELS / "decode_attention.cpp"
 LINEAR_SOURCE = KERNELS / "decode_linear.cpp"
 PREFILL_SOURCE = KERNELS / "prefill_attention.cpp"
 LOG_SOFTMAX_SOURCE = KERNELS / "log_softmax.cpp"
+RMS_NORM_SOURCE = KERNELS / "rms_norm.cpp"
 OFF_ENV = "AGENTR1_NATIVE"
 """Set to 0 to never build or load native kernels."""
 DIR_ENV = "AGENTR1_KERNEL_DIR"
@@ -712,6 +716,97 @@ def prefill_attention() -> PrefillAttention | None:
     """The AMX prefill-attention kernel, as `decode_attention` (None: off or not
     buildable; a loaded one may still not run here: `PrefillAttention.ready`)."""
     kernel: PrefillAttention | None = _load("prefill_attention", PREFILL_SOURCE, PrefillAttention)
+    return kernel
+
+
+class RMSNorm:
+    """The loaded ``rms_norm`` kernel (``kernels/rms_norm.cpp``): ``w * (x * r)`` with
+    ``r = 1 / sqrt(mean(x^2) + eps)`` over the last dimension of float32 rows on the CPU
+    (`forward`), and its gradients (`backward`); the products of transformers' Llama /
+    Qwen2 RMSNorm, summed in another order."""
+
+    def __init__(self, path: Path) -> None:
+        self.lib = load_library(path)
+        self.path = path
+        long, ptr, float_ = ctypes.c_long, ctypes.c_void_p, ctypes.c_float
+        fwd = self.lib.agentr1_rms_norm_forward
+        fwd.restype = None
+        fwd.argtypes = [ptr, long, long, long, ptr, float_, ptr, long, ptr]
+        bwd = self.lib.agentr1_rms_norm_backward
+        bwd.restype = None
+        bwd.argtypes = [ptr, ptr, long, long, long, long, ptr, ptr, ptr, long, ptr]
+        self._fwd, self._bwd = fwd, bwd
+
+    @staticmethod
+    def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
+        """Whether the kernel takes these rows and weight: float32 on the CPU, the weight a
+        vector as long as a row."""
+        return (
+            x.device.type == "cpu"
+            and x.dtype == torch.float32
+            and weight.device.type == "cpu"
+            and weight.dtype == torch.float32
+            and x.dim() >= 1
+            and weight.shape == x.shape[-1:]
+        )
+
+    @staticmethod
+    def _rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if not RMSNorm.supports(x, weight):
+            raise ValueError(
+                f"rms-norm kernel: rows must be float32 on the CPU with a float32 weight of "
+                f"their width, got {tuple(x.shape)} {x.dtype} {x.device}, weight "
+                f"{tuple(weight.shape)} {weight.dtype} {weight.device}"
+            )
+        return x.reshape(-1, x.shape[-1]).contiguous()
+
+    def forward(
+        self, x: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the normalized rows, shaped as ``x``; each row's scale ``r`` [N])."""
+        x_NH = self._rows(x, weight)
+        N, H = x_NH.shape
+        w = weight.detach().contiguous()
+        y_NH, r_N = torch.empty_like(x_NH), torch.empty(N)
+        self._fwd(x_NH.data_ptr(), N, H, H, w.data_ptr(), eps, y_NH.data_ptr(), H, r_N.data_ptr())
+        return y_NH.view(x.shape), r_N
+
+    def backward(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        r_N: torch.Tensor,
+        grad_y: torch.Tensor,
+        with_weight: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(the gradient with respect to ``x``, shaped as it; with ``with_weight`` the one
+        with respect to ``weight``, else None), given ``grad_y`` and the forward's ``r_N``."""
+        x_NH = self._rows(x, weight)
+        N, H = x_NH.shape
+        g_NH = grad_y.reshape(N, H).float().contiguous()
+        w = weight.detach().contiguous()
+        r = r_N.float().contiguous()
+        dx_NH = torch.empty_like(x_NH)
+        dw_H = torch.empty(H) if with_weight else None
+        self._bwd(
+            x_NH.data_ptr(),
+            g_NH.data_ptr(),
+            N,
+            H,
+            H,
+            H,
+            w.data_ptr(),
+            r.data_ptr(),
+            dx_NH.data_ptr(),
+            H,
+            None if dw_H is None else dw_H.data_ptr(),
+        )
+        return dx_NH.view(x.shape), dw_H
+
+
+def rms_norm() -> RMSNorm | None:
+    """The trainer's RMSNorm kernel, as `decode_attention` (None: off or not buildable)."""
+    kernel: RMSNorm | None = _load("rms_norm", RMS_NORM_SOURCE, RMSNorm)
     return kernel
 
 

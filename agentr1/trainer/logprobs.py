@@ -23,6 +23,7 @@ state at position t − 1; position 0 has no log-prob and is 0.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from typing import Any
 
@@ -30,6 +31,7 @@ import torch
 
 from agentr1.backends import native
 from agentr1.backends.hf import MIN_SHARED_PREFIX, cache_kwarg
+from agentr1.trainer.norms import native_norms
 
 CHECKPOINT_LOGITS_BYTES = 64 << 20
 """Float32 logits of a pass's selected positions beyond which the LM-head chunks compute
@@ -236,7 +238,21 @@ def hidden_states(
     group sees no prefix). Equal to the plain forward (to float rounding) and so are
     gradients: the repeat sums the rows' contributions into their group's prefix. It
     saves (rows - 1) x prefix tokens of work per group.
+
+    The backbone's RMSNorms run on the native kernel (`agentr1.trainer.norms`) unless it
+    recomputes its activations in the backward.
     """
+    norms = contextlib.nullcontext() if recomputes(backbone) else native_norms(backbone)
+    with norms:  # a recomputing backward would run the modules' own forward
+        return _hidden_states(backbone, input_ids_BT, attention_mask_BT, share_prefix)
+
+
+def _hidden_states(
+    backbone: Any,
+    input_ids_BT: torch.Tensor,
+    attention_mask_BT: torch.Tensor,
+    share_prefix: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
     B, T = input_ids_BT.shape
     device = input_ids_BT.device
 
