@@ -1,7 +1,7 @@
 """Native kernels for the ``hf`` sampler's written-out pass and the trainer's passes,
 built on first use.
 
-Five kernels, each a C++ source in ``kernels/`` (with the shared ``bf16.h``):
+Six kernels, each a C++ source in ``kernels/`` (with the shared ``bf16.h``):
 
 - `DecodeAttention` (``decode_attention.cpp``): a decode step's rotary embedding,
   KV-cache write and grouped-query softmax attention for every (row, key head) pair in
@@ -31,7 +31,9 @@ Five kernels, each a C++ source in ``kernels/`` (with the shared ``bf16.h``):
   gradient written over the logits), a row at a time (`agentr1.trainer.logprobs`).
 - `RMSNorm` (``rms_norm.cpp``): the trainer's RMSNorms over float32 rows, forward and
   backward, one call each where torch's ops read and write the whole activation six
-  times forward and about twice that backward (`agentr1.trainer.norms`).
+  times forward and about twice that backward (`agentr1.trainer.fused`).
+- `SiluGate` (``silu_gate.cpp``): the SiLU gate ``silu(g) * u`` of a Llama-style MLP
+  over float32 tensors, forward and backward, one pass each (`agentr1.trainer.fused`).
 
 Building: the machine's C++ compiler (``$CXX``, else ``c++`` / ``g++`` / ``clang++``)
 compiles a source with ``-O3 -march=native`` into ``$AGENTR1_KERNEL_DIR`` (default
@@ -73,6 +75,7 @@ LINEAR_SOURCE = KERNELS / "decode_linear.cpp"
 PREFILL_SOURCE = KERNELS / "prefill_attention.cpp"
 LOG_SOFTMAX_SOURCE = KERNELS / "log_softmax.cpp"
 RMS_NORM_SOURCE = KERNELS / "rms_norm.cpp"
+SILU_GATE_SOURCE = KERNELS / "silu_gate.cpp"
 OFF_ENV = "AGENTR1_NATIVE"
 """Set to 0 to never build or load native kernels."""
 DIR_ENV = "AGENTR1_KERNEL_DIR"
@@ -719,6 +722,12 @@ def prefill_attention() -> PrefillAttention | None:
     return kernel
 
 
+def _plain(*tensors: torch.Tensor) -> bool:
+    """Whether each is a plain tensor (or parameter), whose memory holds all its values:
+    not a subclass such as a sharded DTensor, whose ``data_ptr`` is one rank's part."""
+    return all(type(t) in (torch.Tensor, torch.nn.Parameter) for t in tensors)
+
+
 class RMSNorm:
     """The loaded ``rms_norm`` kernel (``kernels/rms_norm.cpp``): ``w * (x * r)`` with
     ``r = 1 / sqrt(mean(x^2) + eps)`` over the last dimension of float32 rows on the CPU
@@ -739,10 +748,11 @@ class RMSNorm:
 
     @staticmethod
     def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
-        """Whether the kernel takes these rows and weight: float32 on the CPU, the weight a
-        vector as long as a row."""
+        """Whether the kernel takes these rows and weight: plain float32 tensors on the
+        CPU, the weight a vector as long as a row."""
         return (
-            x.device.type == "cpu"
+            _plain(x, weight)
+            and x.device.type == "cpu"
             and x.dtype == torch.float32
             and weight.device.type == "cpu"
             and weight.dtype == torch.float32
@@ -802,6 +812,76 @@ class RMSNorm:
             None if dw_H is None else dw_H.data_ptr(),
         )
         return dx_NH.view(x.shape), dw_H
+
+
+class SiluGate:
+    """The loaded ``silu_gate`` kernel (``kernels/silu_gate.cpp``): ``silu(g) * u`` over
+    float32 tensors on the CPU (`forward`) and its gradients (`backward`), the products of
+    torch's ``F.silu(g) * u`` with exp rounded differently."""
+
+    def __init__(self, path: Path) -> None:
+        self.lib = load_library(path)
+        self.path = path
+        long, ptr = ctypes.c_long, ctypes.c_void_p
+        fwd = self.lib.agentr1_silu_gate_forward
+        fwd.restype = None
+        fwd.argtypes = [ptr, ptr, long, ptr]
+        bwd = self.lib.agentr1_silu_gate_backward
+        bwd.restype = None
+        bwd.argtypes = [ptr, ptr, ptr, long, ptr, ptr]
+        self._fwd, self._bwd = fwd, bwd
+
+    @staticmethod
+    def supports(g: torch.Tensor, u: torch.Tensor) -> bool:
+        """Whether the kernel takes this gate and input: plain float32 tensors on the CPU,
+        one shape."""
+        return (
+            _plain(g, u)
+            and g.device.type == "cpu"
+            and u.device.type == "cpu"
+            and g.dtype == torch.float32
+            and u.dtype == torch.float32
+            and g.shape == u.shape
+        )
+
+    @staticmethod
+    def _check(g: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if not SiluGate.supports(g, u):
+            raise ValueError(
+                f"silu-gate kernel: gate and input must be float32 on the CPU with one "
+                f"shape, got {tuple(g.shape)} {g.dtype} {g.device} and {tuple(u.shape)} "
+                f"{u.dtype} {u.device}"
+            )
+        return g.contiguous(), u.contiguous()
+
+    def forward(self, g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """``silu(g) * u``, shaped as ``g``."""
+        g, u = self._check(g, u)
+        y = torch.empty_like(g)
+        self._fwd(g.data_ptr(), u.data_ptr(), g.numel(), y.data_ptr())
+        return y
+
+    def backward(
+        self, g: torch.Tensor, u: torch.Tensor, grad_y: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the gradients with respect to ``g`` and ``u``), given ``grad_y``."""
+        g, u = self._check(g, u)
+        dy = grad_y.float().contiguous()
+        if dy.shape != g.shape:
+            raise ValueError(
+                f"silu-gate kernel: a gradient of {tuple(dy.shape)} for {tuple(g.shape)}"
+            )
+        dg, du = torch.empty_like(g), torch.empty_like(u)
+        self._bwd(
+            g.data_ptr(), u.data_ptr(), dy.data_ptr(), g.numel(), dg.data_ptr(), du.data_ptr()
+        )
+        return dg, du
+
+
+def silu_gate() -> SiluGate | None:
+    """The trainer's SiLU-gate kernel, as `decode_attention` (None: off or not buildable)."""
+    kernel: SiluGate | None = _load("silu_gate", SILU_GATE_SOURCE, SiluGate)
+    return kernel
 
 
 def rms_norm() -> RMSNorm | None:

@@ -31,7 +31,7 @@ import torch
 
 from agentr1.backends import native
 from agentr1.backends.hf import MIN_SHARED_PREFIX, cache_kwarg
-from agentr1.trainer.norms import native_norms
+from agentr1.trainer.fused import native_layers
 
 CHECKPOINT_LOGITS_BYTES = 64 << 20
 """Float32 logits of a pass's selected positions beyond which the LM-head chunks compute
@@ -239,11 +239,11 @@ def hidden_states(
     gradients: the repeat sums the rows' contributions into their group's prefix. It
     saves (rows - 1) x prefix tokens of work per group.
 
-    The backbone's RMSNorms run on the native kernel (`agentr1.trainer.norms`) unless it
-    recomputes its activations in the backward.
+    The backbone's RMSNorms and MLP gates run on native kernels (`agentr1.trainer.fused`)
+    unless it recomputes its activations in the backward.
     """
-    norms = contextlib.nullcontext() if recomputes(backbone) else native_norms(backbone)
-    with norms:  # a recomputing backward would run the modules' own forward
+    fused = contextlib.nullcontext() if recomputes(backbone) else native_layers(backbone)
+    with fused:  # a recomputing backward would run the modules' own forward
         return _hidden_states(backbone, input_ids_BT, attention_mask_BT, share_prefix)
 
 

@@ -1,5 +1,5 @@
 // RMSNorm over float32 rows, forward and backward, for the trainer's passes
-// (agentr1/backends/native.py, `RMSNorm`; agentr1/trainer/norms.py).
+// (agentr1/backends/native.py, `RMSNorm`; agentr1/trainer/fused.py).
 //
 // Forward: per row x of H values, r = 1 / sqrt(sum(x^2) / H + eps) and y = w * (x * r),
 // the products of transformers' Llama / Qwen2 RMSNorm in float32. One pass to sum, one to

@@ -1,0 +1,215 @@
+"""The native RMSNorm and SiLU-gate kernels (agentr1/backends/native.py) and
+`native_layers` (agentr1/trainer/fused.py): the same values and gradients as
+transformers' modules, the modules switched only inside the context, and only where the
+kernels compute them."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import Any
+
+import pytest
+import torch
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
+
+from agentr1.backends import native
+from agentr1.trainer import fused, logprobs
+from agentr1.trainer.logprobs import token_logprobs
+from tests.tiny_models import tiny_llama
+
+
+@pytest.fixture(autouse=True)
+def kernels() -> Any:
+    if native.compiler() is None:
+        pytest.skip("no C++ compiler on this machine: the native kernels cannot be built")
+    ks = native.rms_norm(), native.silu_gate()
+    if None in ks:
+        pytest.skip("native kernels are off here (AGENTR1_NATIVE=0)")
+    return ks
+
+
+def module_path(x: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, ...]:
+    """(y, dx, dw) through transformers' LlamaRMSNorm in float64, the exact reference."""
+    m = LlamaRMSNorm(w.shape[0], eps=eps).double()
+    m.weight.data.copy_(w.double())
+    x64 = x.detach().double().requires_grad_()
+    y = m(x64)
+    (y * torch.linspace(-1, 1, y.numel(), dtype=torch.float64).view(y.shape)).sum().backward()
+    assert x64.grad is not None and m.weight.grad is not None
+    return y.detach(), x64.grad, m.weight.grad
+
+
+@pytest.mark.parametrize("shape", [(3, 5, 128), (7, 37), (1, 576), (0, 64)])
+def test_norm_kernel_matches_the_module_forward_and_backward(shape: tuple[int, ...]) -> None:
+    g = torch.Generator().manual_seed(len(shape))
+    x = (3 * torch.randn(shape, generator=g)).requires_grad_()
+    w = (1 + 0.3 * torch.randn(shape[-1], generator=g)).requires_grad_()
+    y = fused.rms_norm(x, w, 1e-5)
+    assert y is not None and y.shape == x.shape and y.dtype == torch.float32
+    (y * torch.linspace(-1, 1, y.numel()).view(y.shape)).sum().backward()
+    assert x.grad is not None and w.grad is not None
+    ref_y, ref_dx, ref_dw = module_path(x, w, 1e-5)
+    torch.testing.assert_close(y.double(), ref_y, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(x.grad.double(), ref_dx, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(w.grad.double(), ref_dw, rtol=1e-4, atol=1e-4)
+
+
+def test_a_non_contiguous_input_and_a_frozen_weight() -> None:
+    x = torch.randn(64, 10).t().requires_grad_()  # [10, 64], column-major
+    w = 1 + 0.1 * torch.randn(64)  # no gradient wanted, as LoRA's frozen norms
+    y = fused.rms_norm(x, w, 1e-6)
+    assert y is not None
+    y.sum().backward()
+    ref_y, _, _ = module_path(x, w, 1e-6)
+    torch.testing.assert_close(y.double(), ref_y, rtol=1e-5, atol=1e-6)
+    assert x.grad is not None and w.grad is None
+
+
+@pytest.mark.parametrize("shape", [(3, 5, 384), (7, 37), (1, 17), (0, 64)])
+def test_gate_kernel_matches_silu_times_input_forward_and_backward(
+    shape: tuple[int, ...],
+) -> None:
+    gen = torch.Generator().manual_seed(len(shape))
+    g = (4 * torch.randn(shape, generator=gen)).requires_grad_()
+    u = torch.randn(shape, generator=gen).requires_grad_()
+    with torch.no_grad():  # far into both tails too, where exp saturates
+        g.view(-1)[::7] *= 30
+    y = fused.silu_gate(g, u)
+    assert y is not None and y.shape == g.shape
+    weights = torch.linspace(-1, 1, y.numel()).view(y.shape)
+    (y * weights).sum().backward()
+    g64, u64 = (t.detach().double().requires_grad_() for t in (g, u))
+    ref = torch.nn.functional.silu(g64) * u64
+    (ref * weights.double()).sum().backward()
+    assert g.grad is not None and u.grad is not None
+    torch.testing.assert_close(y.double(), ref.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(g.grad.double(), g64.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(u.grad.double(), u64.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_a_nan_gate_stays_nan() -> None:
+    g = torch.tensor([[float("nan"), 1.0] * 12]).requires_grad_()
+    u = torch.ones_like(g).requires_grad_()
+    y = fused.silu_gate(g, u)
+    assert y is not None
+    y.sum().backward()
+    assert g.grad is not None and u.grad is not None
+    for t in (y.detach(), g.grad, u.grad):
+        assert t[0, ::2].isnan().all() and t[0, 1::2].isfinite().all()
+
+
+def test_the_kernels_refuse_what_they_do_not_compute() -> None:
+    assert fused.rms_norm(torch.randn(2, 8, dtype=torch.bfloat16), torch.ones(8), 1e-5) is None
+    assert fused.rms_norm(torch.randn(2, 8), torch.ones(4), 1e-5) is None
+    assert fused.silu_gate(torch.randn(2, 8), torch.randn(2, 4)) is None
+    assert fused.silu_gate(torch.randn(2, 8, dtype=torch.bfloat16), torch.randn(2, 8)) is None
+    with pytest.raises(ValueError, match="rms-norm kernel"):
+        native.rms_norm()._rows(torch.randn(2, 8, dtype=torch.float64), torch.ones(8))  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="silu-gate kernel"):
+        native.silu_gate().forward(torch.randn(3), torch.randn(4))  # type: ignore[union-attr]
+
+
+def test_native_layers_switches_the_modules_inside_the_context_only() -> None:
+    model = tiny_llama(layers=2)
+    mods = [m for m in model.modules() if isinstance(m, (LlamaRMSNorm, LlamaMLP))]
+    assert len(mods) == 7  # two norms and an MLP a layer, and the final norm
+    with fused.native_layers(model) as n:
+        assert n == 7
+        assert all("forward" in vars(m) for m in mods)
+    assert not any("forward" in vars(m) for m in mods)
+
+
+def test_token_logprobs_and_gradients_are_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = tiny_llama(layers=2)
+    for m in model.modules():  # trained-looking norm weights, so their gradients count
+        if isinstance(m, LlamaRMSNorm):
+            m.weight.data.uniform_(0.5, 1.5)
+    assert isinstance(model.model.layers[0].mlp.act_fn, torch.nn.Module)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(4, 64, (3, 20), generator=g)
+    attn = torch.ones_like(ids)
+    attn[2, 14:] = 0
+
+    def run() -> tuple[torch.Tensor, list[torch.Tensor]]:
+        model.zero_grad()
+        lp, _ = token_logprobs(model, ids, attn)
+        lp.sum().backward()
+        return lp.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    calls: list[str] = []
+    for name in ("rms_norm", "silu_gate"):
+        real = getattr(fused, name)
+        monkeypatch.setattr(fused, name, lambda *a, f=real, n=name: calls.append(n) or f(*a))
+    lp, grads = run()
+    assert sorted(calls) == ["rms_norm"] * 5 + ["silu_gate"] * 2  # all on the kernels
+    monkeypatch.setattr(native, "rms_norm", lambda: None)  # the modules' own ops
+    monkeypatch.setattr(native, "silu_gate", lambda: None)
+    lp_ref, grads_ref = run()
+    assert len(calls) == 7
+    torch.testing.assert_close(lp, lp_ref, rtol=1e-5, atol=1e-5)
+    assert len(grads) == len(grads_ref) == len(list(model.parameters()))
+    for a, b in zip(grads, grads_ref, strict=True):  # float rounding of each tensor's scale
+        assert (a - b).abs().max() <= 1e-4 * b.abs().max()
+
+
+class OnePlusRMSNorm(LlamaRMSNorm):
+    """Gemma's kind: ``(1 + weight)`` where Llama has ``weight``."""
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        v = hidden_states.pow(2).mean(-1, keepdim=True)
+        return (1 + self.weight) * (hidden_states * torch.rsqrt(v + self.variance_epsilon))
+
+
+class GeluMLP(LlamaMLP):
+    """A gate the kernel does not compute: GELU where Llama has SiLU."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__(config)
+        self.act_fn = torch.nn.GELU()
+
+
+class ShardedParameter(torch.nn.Parameter):
+    """A parameter subclass standing in for a sharded one."""
+
+
+def test_a_module_that_computes_something_else_keeps_its_forward() -> None:
+    config = LlamaConfig(hidden_size=16, intermediate_size=24, num_attention_heads=4)
+    model = torch.nn.Sequential(OnePlusRMSNorm(16), LlamaRMSNorm(16), GeluMLP(config))
+    sharded = LlamaRMSNorm(16)  # a tensor subclass holds the weight, as FSDP's DTensor
+    sharded.weight = ShardedParameter(torch.ones(16))
+    model.append(sharded)
+    hooked = LlamaRMSNorm(16)
+    hooked.forward = lambda h: h  # type: ignore[method-assign]  # a hook library's own
+    model.append(hooked)
+    with fused.native_layers(model) as n:
+        assert n == 2
+        assert "forward" not in vars(model[0]) and "forward" in vars(model[1])
+        assert "forward" not in vars(model[2])
+        # Switched (FSDP unshards the weight for its unit's forward), but a weight that
+        # is still a tensor subclass at the call runs the module's own ops.
+        assert "forward" in vars(sharded)
+        x = torch.randn(4, 16)
+        assert not native.rms_norm().supports(x, sharded.weight)  # type: ignore[union-attr]
+        torch.testing.assert_close(sharded(x), LlamaRMSNorm.forward(sharded, x), rtol=0, atol=0)
+    assert "forward" in vars(hooked)  # left as it was
+    x = torch.randn(4, 16)
+    torch.testing.assert_close(model[0](x), OnePlusRMSNorm.forward(model[0], x))
+
+
+def test_activation_checkpointing_keeps_the_modules_own_forward(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    model = tiny_llama(layers=2)
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # the name since transformers 5.2x
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    model.train()
+    calls = []
+    monkeypatch.setattr(logprobs, "native_layers", lambda m: calls.append(m) or nullcontext(0))
+    ids = torch.randint(4, 64, (2, 12))
+    lp, _ = token_logprobs(model, ids, torch.ones_like(ids))
+    lp.sum().backward()  # the recomputation saw the same ops as the forward
+    assert not calls
