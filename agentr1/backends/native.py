@@ -577,6 +577,13 @@ class PrefillAttention:
         return out
 
 
+def _bind(lib: ctypes.CDLL, name: str, restype: Any, argtypes: list[Any]) -> Any:
+    """``lib``'s function ``name`` with its C signature set."""
+    fn = getattr(lib, name)
+    fn.restype, fn.argtypes = restype, argtypes
+    return fn
+
+
 class LogSoftmax:
     """The loaded ``log_softmax`` kernel (``kernels/log_softmax.cpp``): the LM head's
     log-softmax over float32 logits ``[N, V]`` for the trainer (`agentr1.trainer.logprobs`),
@@ -589,13 +596,14 @@ class LogSoftmax:
         self.lib = load_library(path)
         self.path = path
         long, int_, ptr = ctypes.c_long, ctypes.c_int, ctypes.c_void_p
-        fwd = self.lib.agentr1_log_softmax_forward
-        fwd.restype = int_
-        fwd.argtypes = [ptr, long, long, long, ptr, ptr, ptr, ptr]
-        bwd = self.lib.agentr1_log_softmax_backward
-        bwd.restype = int_
-        bwd.argtypes = [ptr, long, long, long, ptr, ptr, ptr, ptr, ptr, ctypes.c_float]
-        self._fwd, self._bwd = fwd, bwd
+        self._fwd = _bind(
+            self.lib,
+            "agentr1_log_softmax_forward",
+            int_,
+            [ptr, long, long, long, ptr, ptr, ptr, ptr],
+        )
+        bwd_args = [ptr, long, long, long, ptr, ptr, ptr, ptr, ptr, ctypes.c_float]
+        self._bwd = _bind(self.lib, "agentr1_log_softmax_backward", int_, bwd_args)
 
     @staticmethod
     def supports(logits_NV: torch.Tensor) -> bool:
@@ -738,13 +746,10 @@ class RMSNorm:
         self.lib = load_library(path)
         self.path = path
         long, ptr, float_ = ctypes.c_long, ctypes.c_void_p, ctypes.c_float
-        fwd = self.lib.agentr1_rms_norm_forward
-        fwd.restype = None
-        fwd.argtypes = [ptr, long, long, long, ptr, float_, ptr, long, ptr]
-        bwd = self.lib.agentr1_rms_norm_backward
-        bwd.restype = None
-        bwd.argtypes = [ptr, ptr, long, long, long, long, ptr, ptr, ptr, long, ptr]
-        self._fwd, self._bwd = fwd, bwd
+        fwd_args = [ptr, long, long, long, ptr, float_, ptr, long, ptr]
+        self._fwd = _bind(self.lib, "agentr1_rms_norm_forward", None, fwd_args)
+        bwd_args = [ptr, ptr, long, long, long, long, ptr, ptr, ptr, long, ptr]
+        self._bwd = _bind(self.lib, "agentr1_rms_norm_backward", None, bwd_args)
 
     @staticmethod
     def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -823,13 +828,9 @@ class SiluGate:
         self.lib = load_library(path)
         self.path = path
         long, ptr = ctypes.c_long, ctypes.c_void_p
-        fwd = self.lib.agentr1_silu_gate_forward
-        fwd.restype = None
-        fwd.argtypes = [ptr, ptr, long, ptr]
-        bwd = self.lib.agentr1_silu_gate_backward
-        bwd.restype = None
-        bwd.argtypes = [ptr, ptr, ptr, long, ptr, ptr]
-        self._fwd, self._bwd = fwd, bwd
+        self._fwd = _bind(self.lib, "agentr1_silu_gate_forward", None, [ptr, ptr, long, ptr])
+        bwd_args = [ptr, ptr, ptr, long, ptr, ptr]
+        self._bwd = _bind(self.lib, "agentr1_silu_gate_backward", None, bwd_args)
 
     @staticmethod
     def supports(g: torch.Tensor, u: torch.Tensor) -> bool:
