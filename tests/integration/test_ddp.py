@@ -48,8 +48,19 @@ RANKS = [
     "distributed.worker_threads=1",
     "distributed.timeout_s=60",
 ]
-TIGHT = {"atol": 1e-6, "rtol": 1e-5}
 STEPPED = {"atol": 1e-5, "rtol": 1e-4}
+
+
+def assert_grads_close(got: torch.Tensor, want: torch.Tensor) -> None:
+    """A gradient summed in another order (rows split between ranks, 1 thread a rank
+    against 2): float32's tolerance, with an absolute floor of 1e-5 of the tensor's
+    scale, since an element that is a cancelling sum of larger terms keeps their rounding
+    (with the native RMSNorm and SiLU gate, one LoRA element of ~0.03 came out 1.5e-6
+    off)."""
+    scale = float(want.abs().max())
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=max(1e-6, 1e-5 * scale))
+
+
 """Weights after AdamW steps: a step is lr x g / (|g| + 1e-8), so where a gradient is
 about 1e-8 the sums' rounding moves it by a few % of lr (3e-4)."""
 
@@ -96,7 +107,7 @@ def group(request: pytest.FixtureRequest, cluster: Any) -> Any:
     """One group per config for the class's tests (closed after them: one process group
     per process)."""
     # float32 passes: the one-process reference runs rl_update without autocast, and
-    # bf16 rounding changes with the micro-batch split (TIGHT is float32's tolerance).
+    # bf16 rounding changes with the micro-batch split (`assert_grads_close` is float32's tolerance).
     cfg = load_config(None, [*RANKS, *GROUPS[request.param], "model.compute_dtype=float32"])
     base = tiny_llama()
     if cfg.model.lora.rank:
@@ -144,7 +155,7 @@ class TestOneUpdate:
             # The last minibatch's gradient (summed over ranks, the same on both), then the
             # weights after the optimizer step(s): one process's.
             assert torch.equal(rank0["grads"][k], rank1["grads"][k]), k
-            torch.testing.assert_close(rank0["grads"][k], ref["grads"][k], **TIGHT)
+            assert_grads_close(rank0["grads"][k], ref["grads"][k])
             assert torch.equal(rank0["params"][k], rank1["params"][k]), k
             torch.testing.assert_close(rank0["params"][k], ref["params"][k], **STEPPED)
             assert torch.equal(whole[k], rank0["params"][k]), k
