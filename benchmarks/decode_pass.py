@@ -27,6 +27,7 @@ import statistics
 from typing import Any
 
 import torch
+from shaped_model import shaped_model
 
 from agentr1.backends.base import SamplingParams
 from agentr1.backends.hf import HFGenerator
@@ -34,22 +35,7 @@ from agentr1.backends.native import decode_linear
 
 
 def smollm2_shaped() -> Any:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        hidden_size=576,
-        intermediate_size=1536,
-        num_hidden_layers=30,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        vocab_size=49152,
-        max_position_embeddings=2048,
-        rope_theta=100000.0,
-        tie_word_embeddings=True,
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        return LlamaForCausalLM(config).eval()
+    return shaped_model("smollm2-135m", torch.float32)
 
 
 def floor_ms(model: Any, rows: int, keys: float, size: int, copy_gbs: float) -> float:

@@ -1,89 +1,125 @@
 #!/bin/bash
-# The CUDA path in one run, for a machine with one GPU (written for the lent H200; not yet
-# run on a GPU: no machine was lent when it was written).
+# The CUDA path in one run, for a machine with one GPU and no network (written for the
+# lent H200, whose tree travels under 64 MiB: no model weights come with it).
 #
-#   benchmarks/gpu_check.sh OUT_DIR [DATA_DIR SECONDS]
+#   benchmarks/gpu_check.sh OUT_DIR [DATA_DIR [TOKENIZER_DIR [SECONDS]]]
 #
-# 1. the GPU-marked tests and the device / HF-backend / mixed-precision tests; where vLLM
-#    is installed, the vllm tests, the world with vLLM rollouts and one RL step of
-#    recipes/qwen2.5-3b-paper.yaml (with DATA_DIR) at a small batch;
-# 2. GRPO and PPO on the embedded world with the tiny model, on the GPU (SFT warm start,
-#    rollouts, update, critic, eval), 6 RL steps each;
-# 3. with DATA_DIR (../shared/data/raw) and SmolLM2 available (`agentr1 models prepare
-#    smollm2-135m-instruct` works): recipes/multihop_smollm2.yaml at GPU batch sizes --
-#    the warm start, then GRPO evaluated after every 10 steps on the recipe's 300
-#    questions, until SECONDS (default 420) have passed since the script started.
+# 1. gpu_tests: the tests marked gpu (tests/integration/test_cuda.py: the trainer's
+#    log-probs and gradients against the CPU's, the sampler's semantics, PPO with a critic
+#    resumed on the CPU from the GPU's checkpoint, bf16 autocast with a bf16 sampler; the
+#    sampler's log-probs against a full recomputation) and the device tests;
+# 2. roofline: benchmarks/roofline.py on the GPU for randomly initialised models of
+#    SmolLM2-135M's and Qwen2.5-3B's shapes (benchmarks/shaped_model.py): decode against
+#    the HBM floor, prefill, reference and update against the bf16 matmul peak measured
+#    in the same process; one JSON line each in OUT_DIR/roofline.jsonl;
+# 3. paper_step (with DATA_DIR, ../shared/data/raw, and TOKENIZER_DIR, Qwen3's tokenizer
+#    files from .cache/tokenizers/qwen3): one GRPO step of recipes/qwen2.5-3b-paper.yaml
+#    as the recipe has it (fp32 weights and AdamW, bf16 autocast, a bf16 sampler, group
+#    5, turns of 1,024 tokens) on a random model of Qwen2.5-3B's shape, 4 questions, BM25
+#    retrieval (the dense retriever's weights do not travel); its metrics and summary in
+#    OUT_DIR. A random model's turns are noise that runs to the turn's cap: the step's
+#    time and memory are the recipe's worst case, its rewards mean nothing;
+# 4. world_grpo: the embedded demo recipe on the GPU (SFT warm start, 6 RL steps, eval);
+# 5. where vLLM is installed: its tests and the world with vLLM rollouts.
 #
-# Each part prints its wall time; a failing part does not stop the others; the exit status
-# is the number of parts that failed. Logs, summaries and the multihop results land in
-# OUT_DIR (checkpoints and weights are deleted, so the folder stays small).
+# Parts run in that order while SECONDS (default 540) last; each prints its wall time; a
+# failing part does not stop the others; the exit status is the number that failed.
+# Everything is logged to OUT_DIR/gpu_check.log (checkpoints and weights are deleted).
+# GPU_CHECK_DRY=1 rehearses every part on the CPU at toy sizes (a Qwen2.5-shaped model of
+# 2 layers): run it before spending a GPU's minutes on the script.
 set -u
-OUT=${1:?usage: benchmarks/gpu_check.sh OUT_DIR [DATA_DIR SECONDS]}
+OUT=${1:?usage: benchmarks/gpu_check.sh OUT_DIR [DATA_DIR [TOKENIZER_DIR [SECONDS]]]}
 DATA=${2:-}
-BUDGET=${3:-420}
+TOK=${3:-}
+BUDGET=${4:-540}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+LOG=$OUT/gpu_check.log
+SCRATCH=${TMPDIR:-/tmp}/agentr1_gpu_check
+rm -rf "$SCRATCH" && mkdir -p "$SCRATCH"
+# The native kernels are CPU code: no compile on a machine that runs the GPU path.
+export PYTHONUNBUFFERED=1 AGENTR1_NATIVE=${AGENTR1_NATIVE:-0} AGENTR1_CACHE=$SCRATCH/cache
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 failed=0
+DEV=cuda QWEN=qwen2.5-3b TOY=() STEP=() WORLD=()
+if [ -n "${GPU_CHECK_DRY:-}" ]; then
+    DEV=cpu QWEN=qwen2.5-tiny
+    TOY=(--rows 2 --context 16 --new 3 --train-len 24 --micro-batch 1 --repeats 1
+         --matmul-n 256 --copy-mib 16)
+    STEP=(model.device=cpu rollout.max_tokens_per_turn=16 train.tasks_per_step=1)
+    WORLD=(sft.steps=10 train.steps=1 train.tasks_per_step=2 eval.max_tasks=2)
+fi
 
-part() {  # part NAME CMD...: run to OUT/NAME.log, show its tail and wall time
-    local name=$1; shift
+part() {  # part NAME SECONDS CMD...: run under a timeout into the log, show its tail
+    local name=$1 limit=$2; shift 2
+    local left=$((BUDGET - SECONDS))
+    if [ "$left" -lt 20 ]; then
+        echo "== $name skipped: the budget is spent" | tee -a "$LOG"
+        return 1
+    fi
+    [ "$limit" -le "$left" ] || limit=$left
     local t0=$SECONDS
-    echo "== $name"
-    "$@" > "$OUT/$name.log" 2>&1
+    echo "== $name (at most $limit s)" | tee -a "$LOG"
+    timeout "$limit" "$@" > "$SCRATCH/part.log" 2>&1
     local rc=$?
-    tail -n 8 "$OUT/$name.log"
-    echo "== $name rc=$rc $((SECONDS - t0)) s"
+    cat "$SCRATCH/part.log" >> "$LOG"
+    grep -v -E "it/s\]|s/it\]|^\s*$" "$SCRATCH/part.log" | tail -n 12
+    echo "== $name rc=$rc $((SECONDS - t0)) s" | tee -a "$LOG"
     [ $rc -eq 0 ] || failed=$((failed + 1))
     return $rc
 }
 
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-$PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', \
+{
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+    $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', \
 transformers.__version__, 'cuda', torch.cuda.is_available())"
+} 2>&1 | tee -a "$LOG"
 
-part gpu_tests $PY -m pytest -p no:cacheprovider -q -m gpu --timeout 300 tests
-part device_tests $PY -m pytest -p no:cacheprovider -q --timeout 300 \
-    tests/unit/test_device.py tests/integration/test_hf_backend.py tests/integration/test_mixed_precision.py
-# The vllm backend where vLLM is installed (the lent machine reaches no registry): its
-# tests, the world with vLLM rollouts, and one RL step of the paper recipe at a small batch.
+[ -z "${GPU_CHECK_DRY:-}" ] || export AGENTR1_GPU_TEST_DEVICE=cpu
+part gpu_tests 150 $PY -m pytest -p no:cacheprovider -q -m gpu --timeout 120 \
+    tests/integration/test_cuda.py tests/integration/test_hf_backend.py tests/unit/test_device.py
+
+roofline() {  # roofline NAME ARGS...: one JSON line in roofline.jsonl, the table in the log
+    local name=$1; shift
+    part "roofline_$name" 90 $PY benchmarks/roofline.py --device $DEV --matmul-n 8192 \
+        --copy-mib 2048 --repeats 3 --record "$OUT/roofline.jsonl" --name "$name" "$@" \
+        "${TOY[@]}"
+}
+# The CPU benchmark's work (8 rows, 370-token prompts), then the paper model's.
+roofline smollm2_8 --shape smollm2-135m --rows 8 --context 370 --new 64 --train-len 400
+roofline qwen3b_8 --shape $QWEN --rows 8 --context 1024 --new 64 --train-len 1024 \
+    --micro-batch 4
+roofline qwen3b_64 --shape $QWEN --rows 64 --context 1024 --new 32 --train-len 1024 \
+    --micro-batch 4 --repeats 2
+
+if [ -n "$DATA" ] && [ -n "$TOK" ]; then
+    M=$SCRATCH/qwen2.5-3b-random
+    R=$SCRATCH/paper_step
+    part shaped_qwen3b 60 $PY benchmarks/shaped_model.py $QWEN "$M" --tokenizer "$TOK" \
+        --device $DEV &&
+        part paper_step 240 $PY -m agentr1.cli train recipes/qwen2.5-3b-paper.yaml \
+            "model.path=$M" "task.config.data_dir=$DATA" task.config.retriever=bm25 \
+            train.steps=1 train.tasks_per_step=4 eval.before=false eval.max_tasks=1 \
+            eval.sampled_n=0 "train.run_dir=$R" "${STEP[@]}"
+    cp "$R/metrics.jsonl" "$OUT/paper_step_metrics.jsonl" 2>/dev/null
+    cp "$R/summary.json" "$OUT/paper_step_summary.json" 2>/dev/null
+    rm -rf "$M"
+fi
+
+part world_grpo 120 $PY -m agentr1.cli train recipes/demo.yaml model.device=$DEV \
+    sft.steps=200 train.steps=6 train.checkpoint_every=3 "train.run_dir=$SCRATCH/world_grpo" \
+    "${WORLD[@]}"
+cp "$SCRATCH/world_grpo/summary.json" "$OUT/world_grpo_summary.json" 2>/dev/null
+
+# The vllm backend where vLLM is installed (the lent machine reaches no registry).
 if $PY -c "import vllm" > /dev/null 2>&1; then
-    part vllm_tests env VLLM_ENABLE_V1_MULTIPROCESSING=0 $PY -m pytest -p no:cacheprovider \
-        -q -m vllm --timeout 600 tests
-    part world_grpo_vllm $PY -m agentr1.cli train recipes/demo.yaml model.device=cuda \
-        model.backend=vllm sft.steps=200 train.steps=3 "train.run_dir=$OUT/world_vllm"
-    if [ -n "$DATA" ]; then
-        part qwen3b_vllm_step timeout 420 $PY -m agentr1.cli train recipes/qwen2.5-3b-paper.yaml \
-            model.backend=vllm train.steps=1 train.tasks_per_step=2 rollout.n_samples=4 \
-            eval.before=false eval.max_tasks=4 "task.config.data_dir=$DATA" \
-            "train.run_dir=$OUT/qwen3b_vllm"
-    fi
+    part vllm_tests 300 env VLLM_ENABLE_V1_MULTIPROCESSING=0 $PY -m pytest -p no:cacheprovider \
+        -q -m vllm --timeout 300 tests
+    part world_grpo_vllm 180 $PY -m agentr1.cli train recipes/demo.yaml model.device=cuda \
+        model.backend=vllm sft.steps=200 train.steps=3 "train.run_dir=$SCRATCH/world_vllm"
 else
-    echo "== vllm: not installed here (pip install vllm); its parts skipped"
+    echo "== vllm: not installed here (pip install vllm); its parts skipped" | tee -a "$LOG"
 fi
-for est in grpo gae; do
-    part "world_$est" $PY -m agentr1.cli train recipes/demo.yaml model.device=cuda \
-        algo.estimator=$est sft.steps=200 train.steps=6 train.checkpoint_every=3 \
-        "train.run_dir=$OUT/world_$est"
-done
-
-if [ -n "$DATA" ] && part prepare $PY -m agentr1.cli models prepare smollm2-135m-instruct; then
-    R=$OUT/multihop
-    # GPU sizes: 8 questions x 6 samples a step, every eval question in one batch.
-    O=(--root "$R" --docs "$R" "task.config.data_dir=$DATA" model.device=cuda
-       eval.batch_tasks=300 optim.micro_batch_size=24 train.tasks_per_step=8
-       train.checkpoint_every=10)
-    part mh_warm $PY experiments/smollm2_multihop/multihop_real.py warm "${O[@]}"
-    for steps in 10 20 30 40 60 80; do
-        [ $SECONDS -lt "$BUDGET" ] || break
-        part "mh_grpo_$steps" timeout $((BUDGET + 60 - SECONDS)) \
-            $PY experiments/smollm2_multihop/multihop_real.py rl --variant grpo "${O[@]}" "train.steps=$steps" \
-            || break
-    done
-    part mh_report $PY experiments/smollm2_multihop/multihop_real.py report "${O[@]}"
-    find "$R" \( -name checkpoints -o -name final_model \) -prune -exec rm -rf {} +
-fi
-rm -rf "$OUT"/world_*/checkpoints "$OUT"/world_*/final_model "$OUT"/qwen3b_vllm/checkpoints \
-    "$OUT"/qwen3b_vllm/final_model
-echo "failed parts: $failed"
+rm -rf "$SCRATCH"
+echo "failed parts: $failed ($SECONDS s)" | tee -a "$LOG"
 exit $failed
