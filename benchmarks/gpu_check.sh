@@ -25,7 +25,8 @@
 # Parts run in that order while SECONDS (default 540) last; each prints its wall time; a
 # failing part does not stop the others; the exit status is the number that failed.
 # Everything is logged to OUT_DIR/gpu_check.log (checkpoints and weights are deleted).
-# GPU_CHECK_DRY=1 rehearses every part on the CPU at toy sizes (a Qwen2.5-shaped model of
+# GPU_CHECK_ONLY="paper_step world_grpo" runs the named parts alone (a rerun of what
+# failed, inside a lease's minutes); GPU_CHECK_DRY=1 rehearses every part on the CPU at toy sizes (a Qwen2.5-shaped model of
 # 2 layers): run it before spending a GPU's minutes on the script.
 set -u
 OUT=${1:?usage: benchmarks/gpu_check.sh OUT_DIR [DATA_DIR [TOKENIZER_DIR [SECONDS]]]}
@@ -50,8 +51,13 @@ if [ -n "${GPU_CHECK_DRY:-}" ]; then
     WORLD=(sft.steps=10 train.steps=1 train.tasks_per_step=2 eval.max_tasks=2)
 fi
 
+want() {  # want NAME: whether GPU_CHECK_ONLY (if set) names NAME
+    [ -z "${GPU_CHECK_ONLY:-}" ] || [[ " $GPU_CHECK_ONLY " == *" $1 "* ]]
+}
+
 part() {  # part NAME SECONDS CMD...: run under a timeout into the log, show its tail
     local name=$1 limit=$2; shift 2
+    want "$name" || return 1
     local left=$((BUDGET - SECONDS))
     if [ "$left" -lt 20 ]; then
         echo "== $name skipped: the budget is spent" | tee -a "$LOG"
@@ -94,15 +100,28 @@ roofline qwen3b_64 --shape $QWEN --rows 64 --context 1024 --new 32 --train-len 1
 
 if [ -n "$DATA" ] && [ -n "$TOK" ]; then
     M=$SCRATCH/qwen2.5-3b-random
-    R=$SCRATCH/paper_step
-    part shaped_qwen3b 60 $PY benchmarks/shaped_model.py $QWEN "$M" --tokenizer "$TOK" \
-        --device $DEV &&
-        part paper_step 240 $PY -m agentr1.cli train recipes/qwen2.5-3b-paper.yaml \
-            "model.path=$M" "task.config.data_dir=$DATA" task.config.retriever=bm25 \
-            train.steps=1 train.tasks_per_step=4 eval.before=false eval.max_tasks=1 \
-            eval.sampled_n=0 "train.run_dir=$R" "${STEP[@]}"
-    cp "$R/metrics.jsonl" "$OUT/paper_step_metrics.jsonl" 2>/dev/null
-    cp "$R/summary.json" "$OUT/paper_step_summary.json" 2>/dev/null
+    PAPER=(recipes/qwen2.5-3b-paper.yaml "model.path=$M" "task.config.data_dir=$DATA"
+           task.config.retriever=bm25 train.steps=1 train.tasks_per_step=4 eval.before=false
+           eval.max_tasks=1 eval.sampled_n=0 "${STEP[@]}")
+    if want paper_step || want paper_step_lora; then  # the model both variants load
+        only=${GPU_CHECK_ONLY:-}
+        GPU_CHECK_ONLY=${only:+$only paper_model}
+        part paper_model 60 $PY benchmarks/shaped_model.py $QWEN "$M" --tokenizer "$TOK" \
+            --device $DEV
+        GPU_CHECK_ONLY=$only
+    fi
+    # The recipe as it is, then with LoRA r16 (its note for a smaller GPU: the reference is
+    # the base with the adapters off, no AdamW state for the base).
+    for variant in paper_step paper_step_lora; do
+        extra=()
+        [ $variant = paper_step ] || extra=(model.lora.rank=16)
+        [ -d "$M" ] && part $variant 240 $PY -m agentr1.cli train "${PAPER[@]}" "${extra[@]}" \
+            "train.run_dir=$SCRATCH/$variant"
+        cp "$SCRATCH/$variant/metrics.jsonl" "$OUT/${variant}_metrics.jsonl" 2>/dev/null
+        cp "$SCRATCH/$variant/summary.json" "$OUT/${variant}_summary.json" 2>/dev/null
+        # A full-weights run's checkpoint is ~37 GB: the lent machine's disk holds 64 GiB.
+        rm -rf "$SCRATCH/$variant"
+    done
     rm -rf "$M"
 fi
 
@@ -118,7 +137,7 @@ if $PY -c "import vllm" > /dev/null 2>&1; then
     part world_grpo_vllm 180 $PY -m agentr1.cli train recipes/demo.yaml model.device=cuda \
         model.backend=vllm sft.steps=200 train.steps=3 "train.run_dir=$SCRATCH/world_vllm"
 else
-    echo "== vllm: not installed here (pip install vllm); its parts skipped" | tee -a "$LOG"
+    want vllm_tests && echo "== vllm: not installed here (pip install vllm); its parts skipped" | tee -a "$LOG"
 fi
 rm -rf "$SCRATCH"
 echo "failed parts: $failed ($SECONDS s)" | tee -a "$LOG"

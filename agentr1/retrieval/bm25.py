@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -16,6 +18,29 @@ _TOKEN = re.compile(r"\w+", re.UNICODE)
 def tokenize(text: str) -> list[str]:
     """Lower-cased word tokens; the same function indexes passages and queries."""
     return _TOKEN.findall(text.lower())
+
+
+def _import_bm25s() -> Any:
+    """``bm25s``, imported with JAX hidden from it.
+
+    Where JAX is installed, bm25s imports it and runs a top-k at import time: on a GPU
+    machine that starts JAX's GPU backend, which takes 75% of the GPU's memory before the
+    policy is loaded (seen on an H200: the paper recipe's first step ran out of memory
+    with 105 GiB held outside PyTorch). agentr1 selects the top k with numpy, the same
+    on every machine, so bm25s never needs JAX. A JAX the program imported itself is
+    left alone (its memory is its own choice).
+    """
+    if "bm25s" in sys.modules:
+        return sys.modules["bm25s"]
+    hide = "jax" not in sys.modules
+    if hide:
+        sys.modules["jax"] = None  # type: ignore[assignment]  # `import jax` raises ImportError
+    try:
+        import bm25s
+    finally:
+        if hide:
+            del sys.modules["jax"]
+    return bm25s
 
 
 class BM25Retriever:
@@ -34,7 +59,7 @@ class BM25Retriever:
         b: float = 0.75,
         index_text: Callable[[Passage], str] | None = None,
     ) -> None:
-        import bm25s  # imported here: only retrieval users pay for it
+        bm25s = _import_bm25s()  # imported here: only retrieval users pay for it
 
         # bm25s sets its logger to DEBUG on import, which would print every index build
         # through the application's handlers; its own levels come back only when asked.
@@ -68,7 +93,11 @@ class BM25Retriever:
         if not live:
             return out
         docs, scores = self._index.retrieve(
-            [tokenized[i] for i in live], k=k, show_progress=False, n_threads=0
+            [tokenized[i] for i in live],
+            k=k,
+            show_progress=False,
+            n_threads=0,
+            backend_selection="numpy",  # the same top-k on every machine (see _import_bm25s)
         )
         for row, i in enumerate(live):
             out[i] = [

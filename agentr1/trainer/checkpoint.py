@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from agentr1.fileio import remove_partial, write_atomic
@@ -113,15 +114,18 @@ def save_checkpoint(
     tmp = root / f".tmp_step_{step:06d}_{os.getpid()}"
     remove_partial(root)  # what a killed writer (any process) left
     last = latest_checkpoint(root)
+    free = shutil.disk_usage(root).free
     if last is not None:  # the last one's size predicts this one's
-        need, free = _dir_bytes(last), shutil.disk_usage(root).free
-        if free < need:
-            raise write_failed(
-                root,
-                f"checkpoint step {step}",
-                root,
-                f"{free / 2**20:.0f} MiB free, the last checkpoint took {need / 2**20:.0f} MiB",
-            )
+        need, what = _dir_bytes(last), "the last checkpoint took"
+    else:  # the first: its tensors' bytes (a 3B model's full state is ~37 GB)
+        need, what = _tensor_bytes([*modules.values(), states]), "this checkpoint needs about"
+    if free < need:
+        raise write_failed(
+            root,
+            f"checkpoint step {step}",
+            root,
+            f"{free / 2**20:.0f} MiB free, {what} {need / 2**20:.0f} MiB",
+        )
     try:
         tmp.mkdir()
         for name, module in modules.items():
@@ -131,7 +135,9 @@ def save_checkpoint(
         for f in tmp.iterdir():  # make the bytes durable before the rename publishes them
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
-    except (OSError, RuntimeError) as e:  # torch.save reports a full disk as RuntimeError
+    # torch.save reports a full disk as RuntimeError, safetensors as its own SafetensorError
+    # ("I/O error: No space left on device", seen on a GPU machine's 64 GiB disk).
+    except (OSError, RuntimeError, SafetensorError) as e:
         shutil.rmtree(tmp, ignore_errors=True)
         raise write_failed(root, f"checkpoint step {step}", root, f"{type(e).__name__}: {e}") from e
     if final.exists():
@@ -140,6 +146,38 @@ def save_checkpoint(
     for old in sorted(root.glob("step_*"))[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _tensor_bytes(objs: list[Any]) -> int:
+    """Bytes of the distinct tensors in modules' state dicts and nested state (dicts,
+    lists, tuples): what a checkpoint of them writes, give or take its metadata."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+
+    def visit(o: Any) -> None:
+        nonlocal total
+        if isinstance(o, torch.nn.Module):
+            visit(o.state_dict())
+        elif isinstance(o, torch.Tensor):
+            try:  # tied weights share a storage: counted once
+                key = (o.untyped_storage().data_ptr(), o.storage_offset(), o.nbytes)
+            except (RuntimeError, NotImplementedError):  # a tensor subclass without one
+                key = (id(o), 0, 0)
+            if key[0] == 0:  # meta tensors, empty storages: no address to share
+                key = (id(o), 0, 0)
+            if key not in seen:
+                seen.add(key)
+                total += o.nbytes
+        elif isinstance(o, dict):
+            for v in o.values():
+                visit(v)
+        elif isinstance(o, (list, tuple)):
+            for v in o:
+                visit(v)
+
+    for o in objs:
+        visit(o)
+    return total
 
 
 def save_weights_once(path: str | Path, module: torch.nn.Module) -> None:
@@ -153,7 +191,7 @@ def save_weights_once(path: str | Path, module: torch.nn.Module) -> None:
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except (OSError, RuntimeError) as e:
+    except (OSError, RuntimeError, SafetensorError) as e:
         tmp.unlink(missing_ok=True)
         raise write_failed(
             path.parent, "the reference model", path, f"{type(e).__name__}: {e}"

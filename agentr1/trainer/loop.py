@@ -19,10 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import resource
+import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
+
+import torch
 
 from agentr1 import lora
 from agentr1.config import Config
@@ -70,11 +74,26 @@ def sample_rollouts(
     return s.rollouts.batch(s, timer)
 
 
+def memory_metrics(device: torch.device) -> dict[str, float]:
+    """``mem/peak_rss_gib``: the process's peak resident memory so far; on CUDA,
+    ``mem/gpu_peak_gib``: the most the step allocated on the policy's GPU (PyTorch's
+    allocator; the step resets it) and ``mem/gpu_reserved_gib`` what the allocator holds."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB (bytes on macOS)
+    out = {"mem/peak_rss_gib": peak / (2**30 if sys.platform == "darwin" else 2**20)}
+    if device.type == "cuda":
+        out["mem/gpu_peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+        out["mem/gpu_reserved_gib"] = torch.cuda.memory_reserved(device) / 2**30
+    return out
+
+
 def rl_step(s: TrainState, run: RunDir) -> dict[str, float]:
     """One RL step: rollout -> score -> advantages -> update -> sampler sync; its metrics."""
     cfg = s.setup.cfg
     timer = Timer()
     t0 = time.perf_counter()
+    device = s.setup.policy.device
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     groups, stats, async_metrics = sample_rollouts(s, timer)
     batch = collate_groups(groups, s.setup.pad_id).to(s.setup.policy.device)
     ub, scores, adv_metrics = update_batch(s, batch, timer)
@@ -101,6 +120,7 @@ def rl_step(s: TrainState, run: RunDir) -> dict[str, float]:
         metrics["logprob_mismatch"] = float(diff_BT.sum() / batch.loss_mask_BT.sum().clamp(min=1))
     metrics |= timer.times
     metrics["time/step"] = time.perf_counter() - t0
+    metrics |= memory_metrics(device)
     if cfg.train.log_rollouts:
         # Mean advantage over each episode's trained tokens: the direction it pushed.
         adv_B = ub.advantages_BT.sum(1) / ub.loss_mask_BT.sum(1).clamp(min=1)
@@ -241,7 +261,9 @@ def _shown_config(cfg: Config, task: TaskSpec | None) -> Config:
 def before_rl(state: TrainState, run: RunDir, summary: dict[str, Any], resume: bool) -> None:
     """A run with no RL checkpoint yet: the SFT warm start (continued from its own
     checkpoint with ``resume``), the evaluation before RL, the step-0 checkpoint (none
-    with ``train.checkpoint_every: 0``)."""
+    with ``train.checkpoint_every: 0``, and none when neither SFT nor an evaluation ran:
+    it would hold what a fresh start rebuilds from the config, and a 3B model's full state
+    is ~37 GB and half a minute to write)."""
     setup, cfg = state.setup, state.setup.cfg
     if cfg.sft.enabled:
         summary["sft"] = resume_warm_start(setup, run, resume)
@@ -252,7 +274,7 @@ def before_rl(state: TrainState, run: RunDir, summary: dict[str, Any], resume: b
         best.keep_if_best(setup, run, summary, before, 0)
     # Reference = the warm-started policy, so KL pulls toward it, not the random init.
     save_reference(state, run)
-    if cfg.train.checkpoint_every:
+    if cfg.train.checkpoint_every and (cfg.sft.enabled or cfg.eval.before):
         checkpoint(state, run, {"summary": summary})
         drop_sft_checkpoints(run)
 

@@ -51,7 +51,7 @@ def rewarded(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def rows(run_dir: Path) -> list[dict[str, Any]]:
-    skip = ("time/", "gen_tokens_per_s", "wall_time", "elapsed_s", "async/", "rollout/")
+    skip = ("time/", "mem/", "gen_tokens_per_s", "wall_time", "elapsed_s", "async/", "rollout/")
     return [
         {k: v for k, v in r.items() if not k.startswith(skip)}
         for r in metric_records(run_dir, "rl")

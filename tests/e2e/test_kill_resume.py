@@ -146,3 +146,19 @@ def test_a_run_killed_before_any_checkpoint_starts_afresh_without_doubled_rows(
     train(cfg, resume=True)
     phases = [json.loads(x)["phase"] for x in (run_dir / "metrics.jsonl").open()]
     assert phases.count("sft") == 1 and phases.count("rl") == 1
+
+
+def test_no_step_zero_checkpoint_when_nothing_ran_before_rl(tmp_path: Path) -> None:
+    """Without SFT or an evaluation before RL the step-0 checkpoint would hold only what
+    the config rebuilds (for a 3B model, ~37 GB): it is not written; with an evaluation
+    it is (the evaluation is not repeated on resume)."""
+    common = [*SMALL, "sft.enabled=false", "train.steps=2", "train.checkpoint_every=2"]
+    for before, want in ((False, ["step_000002"]), (True, ["step_000000", "step_000002"])):
+        run = tmp_path / str(before)
+        train(
+            load_config(
+                None, [*common, f"eval.before={str(before).lower()}", f"train.run_dir={run}"]
+            )
+        )
+        got = sorted(p.name for p in (run / "checkpoints").glob("step_*"))
+        assert got == want, before

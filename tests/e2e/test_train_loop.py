@@ -45,7 +45,8 @@ def rl_records(run_dir: Path) -> list[dict]:
         {
             k: v
             for k, v in r.items()
-            if not k.startswith("time/") and k not in ("gen_tokens_per_s", "wall_time", "elapsed_s")
+            if not k.startswith(("time/", "mem/"))
+            and k not in ("gen_tokens_per_s", "wall_time", "elapsed_s")
         }
         for r in metric_records(run_dir, "rl")
     ]
@@ -120,6 +121,8 @@ def test_every_estimator_trains(
     ):
         assert (tmp_path / f).exists(), f
     check_rollouts(tmp_path / "rollouts.jsonl", estimator, steps=2, episodes=4)
+    raw = metric_records(tmp_path, "rl")  # the process's memory, a CPU run: no GPU figures
+    assert all(r["mem/peak_rss_gib"] > 0.05 for r in raw) and "mem/gpu_peak_gib" not in raw[0]
     if estimator == "gae":
         assert "value_loss" in rows[0] and "kl" in rows[0]
         # rewards 1 and 0 in a group: the returns vary, so the critic's fit is logged

@@ -21,6 +21,7 @@ from agentr1.backends.hf import HFGenerator
 from agentr1.config import load_config
 from agentr1.trainer.logprobs import token_logprobs
 from agentr1.trainer.loop import train
+from agentr1.trainer.run import metric_records
 from tests.e2e.test_train_loop import SMALL, rl_records
 from tests.tiny_models import tiny_llama
 
@@ -177,6 +178,9 @@ def test_bf16_autocast_with_a_bf16_sampler_trains_on_the_device(tmp_path: Path) 
     rows = rl_records(tmp_path)
     assert len(rows) == 2
     assert all(r["grad_norm"] > 0 and math.isfinite(r["policy_loss"]) for r in rows), rows
+    if DEVICE.startswith("cuda"):  # the step's peak on the GPU is logged
+        raw = metric_records(tmp_path, "rl")
+        assert all(0 < r["mem/gpu_peak_gib"] <= r["mem/gpu_reserved_gib"] for r in raw)
     weights = _weights(tmp_path)
     assert {w.dtype for w in weights.values()} == {torch.float32}
     saved = json.loads((tmp_path / "summary.json").read_text())

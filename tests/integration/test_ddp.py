@@ -212,7 +212,7 @@ def _cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyP
 
 def rl_rows(run_dir: Path) -> list[dict[str, float]]:
     return [
-        {k: v for k, v in r.items() if not k.startswith("time/") and k not in VOLATILE}
+        {k: v for k, v in r.items() if not k.startswith(("time/", "mem/")) and k not in VOLATILE}
         for r in metric_records(run_dir, "rl")
     ]
 

@@ -700,3 +700,37 @@ def test_keep_freed_memory_sets_glibc_malloc_and_is_a_no_op_elsewhere(
     monkeypatch.setattr(os, "confstr", lambda name: "glibc 2.36")
     monkeypatch.setattr(ctypes, "CDLL", lambda name: SimpleNamespace())  # no mallopt
     assert setup.keep_freed_memory(1 << 20) is False
+
+
+def test_a_full_disk_in_safetensors_or_before_the_first_checkpoint_is_a_checkpoint_error(
+    tmp_path, monkeypatch
+) -> None:
+    """safetensors reports a full disk as its own SafetensorError (seen on a GPU machine
+    whose 64 GiB disk a 3B run's 37 GB checkpoints filled): a CheckpointError like any
+    other, the partial directory removed. A first checkpoint, with no last one to predict
+    its size, is checked against its tensors' bytes before anything is written."""
+    from safetensors import SafetensorError
+
+    from agentr1.trainer import checkpoint as ckpt
+
+    model = tiny_llama()
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.tensor([[1, 2, 3]])).logits.sum().backward()
+    opt.step()
+
+    def full_disk(*args: object, **kwargs: object) -> None:
+        raise SafetensorError("Error while serializing: I/O error: No space left on device")
+
+    monkeypatch.setattr(ckpt, "save_file", full_disk)
+    with pytest.raises(ckpt.CheckpointError, match=r"checkpoint step 1.*No space left"):
+        save_checkpoint(tmp_path, 1, {"policy": model}, {"optimizer": opt.state_dict()}, {})
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+
+    weights = sum(p.nbytes for p in model.parameters())  # tied weights counted once
+    need = ckpt._tensor_bytes([model, {"optimizer": opt.state_dict()}])
+    assert 3 * weights <= need <= 3 * weights + sum(b.nbytes for b in model.buffers()) + 1024
+    monkeypatch.setattr(ckpt.shutil, "disk_usage", lambda _: SimpleNamespace(free=need - 1))
+    with pytest.raises(ckpt.CheckpointError, match=r"MiB free, this checkpoint needs about"):
+        save_checkpoint(tmp_path, 1, {"policy": model}, {"optimizer": opt.state_dict()}, {})
+    assert list(tmp_path.iterdir()) == []
