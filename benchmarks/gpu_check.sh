@@ -98,7 +98,9 @@ roofline qwen3b_8 --shape $QWEN --rows 8 --context 1024 --new 64 --train-len 102
 roofline qwen3b_64 --shape $QWEN --rows 64 --context 1024 --new 32 --train-len 1024 \
     --micro-batch 4 --repeats 2
 
-if [ -n "$DATA" ] && [ -n "$TOK" ]; then
+if [ -n "$DATA" ] && [ -n "$TOK" ] && [ ! -f "$TOK/tokenizer.json" ]; then
+    echo "== paper_step skipped: no tokenizer.json in $TOK" | tee -a "$LOG"
+elif [ -n "$DATA" ] && [ -n "$TOK" ]; then
     M=$SCRATCH/qwen2.5-3b-random
     PAPER=(recipes/qwen2.5-3b-paper.yaml "model.path=$M" "task.config.data_dir=$DATA"
            task.config.retriever=bm25 train.steps=1 train.tasks_per_step=4 eval.before=false
