@@ -7,7 +7,7 @@
 # 1. gpu_tests: the tests marked gpu (tests/integration/test_cuda.py: the trainer's
 #    log-probs and gradients against the CPU's, the sampler's semantics, PPO with a critic
 #    resumed on the CPU from the GPU's checkpoint, bf16 autocast with a bf16 sampler; the
-#    sampler's log-probs against a full recomputation) and the device tests;
+#    sampler's log-probs against a full recomputation); device_tests: model.device's;
 # 2. roofline: benchmarks/roofline.py on the GPU for randomly initialised models of
 #    SmolLM2-135M's and Qwen2.5-3B's shapes (benchmarks/shaped_model.py): decode against
 #    the HBM floor, prefill, reference and update against the bf16 matmul peak measured
@@ -51,8 +51,10 @@ if [ -n "${GPU_CHECK_DRY:-}" ]; then
     WORLD=(sft.steps=10 train.steps=1 train.tasks_per_step=2 eval.max_tasks=2)
 fi
 
-want() {  # want NAME: whether GPU_CHECK_ONLY (if set) names NAME
-    [ -z "${GPU_CHECK_ONLY:-}" ] || [[ " $GPU_CHECK_ONLY " == *" $1 "* ]]
+want() {  # want NAME: whether GPU_CHECK_ONLY (if set) names NAME (paper_model: either step)
+    [ -z "${GPU_CHECK_ONLY:-}" ] && return 0
+    [ "$1" = paper_model ] && { want paper_step || want paper_step_lora; return; }
+    [[ " $GPU_CHECK_ONLY " == *" $1 "* ]]
 }
 
 part() {  # part NAME SECONDS CMD...: run under a timeout into the log, show its tail
@@ -83,7 +85,9 @@ transformers.__version__, 'cuda', torch.cuda.is_available())"
 
 [ -z "${GPU_CHECK_DRY:-}" ] || export AGENTR1_GPU_TEST_DEVICE=cpu
 part gpu_tests 150 $PY -m pytest -p no:cacheprovider -q -m gpu --timeout 120 \
-    tests/integration/test_cuda.py tests/integration/test_hf_backend.py tests/unit/test_device.py
+    tests/integration/test_cuda.py tests/integration/test_hf_backend.py
+# model.device's tests are not marked gpu: with a GPU present "auto" must mean CUDA.
+part device_tests 60 $PY -m pytest -p no:cacheprovider -q --timeout 60 tests/unit/test_device.py
 
 roofline() {  # roofline NAME ARGS...: one JSON line in roofline.jsonl, the table in the log
     local name=$1; shift
@@ -105,13 +109,8 @@ elif [ -n "$DATA" ] && [ -n "$TOK" ]; then
     PAPER=(recipes/qwen2.5-3b-paper.yaml "model.path=$M" "task.config.data_dir=$DATA"
            task.config.retriever=bm25 train.steps=1 train.tasks_per_step=4 eval.before=false
            eval.max_tasks=1 eval.sampled_n=0 "${STEP[@]}")
-    if want paper_step || want paper_step_lora; then  # the model both variants load
-        only=${GPU_CHECK_ONLY:-}
-        GPU_CHECK_ONLY=${only:+$only paper_model}
-        part paper_model 60 $PY benchmarks/shaped_model.py $QWEN "$M" --tokenizer "$TOK" \
-            --device $DEV
-        GPU_CHECK_ONLY=$only
-    fi
+    part paper_model 60 $PY benchmarks/shaped_model.py $QWEN "$M" --tokenizer "$TOK" \
+        --device $DEV  # the model both steps load
     # The recipe as it is, then with LoRA r16 (its note for a smaller GPU: the reference is
     # the base with the adapters off, no AdamW state for the base).
     for variant in paper_step paper_step_lora; do
@@ -136,7 +135,7 @@ cp "$SCRATCH/world_grpo/summary.json" "$OUT/world_grpo_summary.json" 2>/dev/null
 if $PY -c "import vllm" > /dev/null 2>&1; then
     part vllm_tests 300 env VLLM_ENABLE_V1_MULTIPROCESSING=0 $PY -m pytest -p no:cacheprovider \
         -q -m vllm --timeout 300 tests
-    part world_grpo_vllm 180 $PY -m agentr1.cli train recipes/demo.yaml model.device=cuda \
+    part world_grpo_vllm 180 $PY -m agentr1.cli train recipes/demo.yaml model.device=$DEV \
         model.backend=vllm sft.steps=200 train.steps=3 "train.run_dir=$SCRATCH/world_vllm"
 else
     want vllm_tests && echo "== vllm: not installed here (pip install vllm); its parts skipped" | tee -a "$LOG"

@@ -151,7 +151,7 @@ def save_checkpoint(
 def _tensor_bytes(objs: list[Any]) -> int:
     """Bytes of the distinct tensors in modules' state dicts and nested state (dicts,
     lists, tuples): what a checkpoint of them writes, give or take its metadata."""
-    seen: set[tuple[int, int]] = set()
+    seen: set[tuple[int, int, int]] = set()
     total = 0
 
     def visit(o: Any) -> None:

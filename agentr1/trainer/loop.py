@@ -95,7 +95,7 @@ def rl_step(s: TrainState, run: RunDir) -> dict[str, float]:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     groups, stats, async_metrics = sample_rollouts(s, timer)
-    batch = collate_groups(groups, s.setup.pad_id).to(s.setup.policy.device)
+    batch = collate_groups(groups, s.setup.pad_id).to(device)
     ub, scores, adv_metrics = update_batch(s, batch, timer)
     with timer("update"):
         update = rl_update if s.group is None else s.group.update  # data-parallel ranks
