@@ -143,8 +143,7 @@ def test_token_logprobs_and_gradients_are_unchanged(monkeypatch: pytest.MonkeyPa
         monkeypatch.setattr(fused, name, lambda *a, f=real, n=name: calls.append(n) or f(*a))
     lp, grads = run()
     assert sorted(calls) == ["rms_norm"] * 5 + ["silu_gate"] * 2  # all on the kernels
-    monkeypatch.setattr(native, "rms_norm", lambda: None)  # the modules' own ops
-    monkeypatch.setattr(native, "silu_gate", lambda: None)
+    monkeypatch.setattr(logprobs, "native_layers", lambda m: nullcontext(0))  # the modules' ops
     lp_ref, grads_ref = run()
     assert len(calls) == 7
     torch.testing.assert_close(lp, lp_ref, rtol=1e-5, atol=1e-5)
@@ -213,3 +212,133 @@ def test_activation_checkpointing_keeps_the_modules_own_forward(
     lp, _ = token_logprobs(model, ids, torch.ones_like(ids))
     lp.sum().backward()  # the recomputation saw the same ops as the forward
     assert not calls
+
+
+def _logprobs_and_grads(model: Any, ids: torch.Tensor, attn: torch.Tensor) -> list[torch.Tensor]:
+    model.zero_grad(set_to_none=True)
+    lp, _ = token_logprobs(model, ids, attn)
+    (lp * torch.linspace(-1, 1, lp.numel()).view(lp.shape)).sum().backward()
+    return [lp.detach()] + [p.grad for p in model.parameters() if p.grad is not None]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_torch_gate_is_the_modules_ops_bit_for_bit(dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(3)
+    g0, u0 = (4 * torch.randn(5, 7, 48, generator=gen)).to(dtype), torch.randn(5, 7, 48).to(dtype)
+    dy = torch.randn(5, 7, 48, generator=gen).to(dtype)
+    outs = []
+    for gate in (fused.torch_silu_gate, lambda g, u: torch.nn.SiLU()(g) * u):
+        g, u = g0.clone().requires_grad_(), u0.clone().requires_grad_()
+        y = gate(g, u)
+        y.backward(dy)
+        outs.append((y.detach(), g.grad, u.grad))
+    for a, b in zip(*outs, strict=True):
+        assert a is not None and b is not None and a.dtype == dtype and torch.equal(a, b)
+    assert fused.torch_silu_gate(g0, u0.double()) is None  # the module's own ops there
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_remade_outputs_give_the_same_bits(monkeypatch: pytest.MonkeyPatch, lora: bool) -> None:
+    from agentr1.lora import apply_lora
+
+    model = tiny_llama(layers=2, kv_heads=2)
+    if lora:
+        apply_lora(model, rank=4, alpha=8)
+        for name, p in model.named_parameters():  # B starts at zero: give it a value
+            if "lora_B" in name:
+                p.data.normal_(0, 0.1)
+    model.train()
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(4, 64, (4, 40), generator=g)
+    ids[:, :34] = ids[0, :34]  # one shared prefix: its pass and the rows' rest pass
+    attn = torch.ones_like(ids)
+    attn[3, 37:] = 0
+    remakes: list[int] = []
+    real_get = fused._Remake.get
+
+    def get(self: Any) -> torch.Tensor:
+        remakes.append(self.value is None)
+        return real_get(self)
+
+    monkeypatch.setattr(fused._Remake, "get", get)
+    lean = _logprobs_and_grads(model, ids, attn)
+    # Per layer and pass: two norms' outputs and a gate's, each remade once however many
+    # projections (and adapters) read it; the final norm's output is read by no product.
+    assert sum(remakes) == 2 * 2 * 3
+    if not lora:  # q, k and v read one norm output (LoRA: their adapters' one product)
+        assert len(remakes) > sum(remakes)
+    calls = len(remakes)
+    monkeypatch.setenv(fused.RECOMPUTE_ENV, "0")
+    kept = _logprobs_and_grads(model, ids, attn)
+    assert len(remakes) == calls
+    assert len(lean) == len(kept) > 1
+    for a, b in zip(lean, kept, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_without_kernels_the_gates_are_remade_and_the_bits_are_the_modules(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    model = tiny_llama(layers=2, kv_heads=2)
+    model.train()
+    ids = torch.randint(4, 64, (3, 40), generator=torch.Generator().manual_seed(4))
+    ids[:, :34] = ids[0, :34]
+    attn = torch.ones_like(ids)
+    monkeypatch.setattr(native, "rms_norm", lambda: None)  # AGENTR1_NATIVE=0, no compiler
+    monkeypatch.setattr(native, "silu_gate", lambda: None)
+    made = []
+    real_note = fused._Remade.note
+    monkeypatch.setattr(
+        fused._Remade, "note", lambda self, *a: made.append(1) or real_note(self, *a)
+    )
+    lean = _logprobs_and_grads(model, ids, attn)
+    assert len(made) == 2 * 2  # a gate a layer, in the prefix's pass and the rest's
+    monkeypatch.setattr(logprobs, "native_layers", lambda m: nullcontext(0))
+    modules = _logprobs_and_grads(model, ids, attn)
+    for a, b in zip(lean, modules, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_an_input_changed_in_place_is_an_error_not_a_wrong_gradient() -> None:
+    x = torch.randn(6, 32, requires_grad=True)
+    w, proj = torch.ones(32), torch.randn(32, 8, requires_grad=True)
+    with fused.remade_outputs() as on:
+        assert on
+        h = x * 2
+        y = fused.rms_norm(h, w, 1e-6)
+        assert y is not None
+        out = y @ proj
+    with torch.no_grad():
+        h.add_(1)
+    with pytest.raises(RuntimeError, match="modified in place after the forward"):
+        out.sum().backward()
+
+
+def test_the_callers_saved_tensor_hooks_come_first() -> None:
+    seen: list[torch.Size] = []
+    x = torch.randn(6, 32, requires_grad=True)
+    w, proj = torch.ones(32), torch.randn(32, 8, requires_grad=True)
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        seen.append(t.shape)
+        return t
+
+    hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+    with hooks, fused.remade_outputs() as on:
+        assert not on
+        y = fused.rms_norm(x, w, 1e-6)
+        assert y is not None
+        (y @ proj).sum().backward()
+    assert torch.Size([6, 32]) in seen and proj.grad is not None
+
+
+def test_a_dead_outputs_memory_is_not_taken_for_it() -> None:
+    remade = fused._Remade()
+    t = torch.randn(4, 8)
+    stand_in = torch.randn(4, 8)
+    remade.note(stand_in, lambda: torch.zeros(4, 8))
+    key = stand_in.untyped_storage().data_ptr()
+    entry = remade.made.pop(key)
+    del stand_in  # its weak reference dies; suppose t now lives at its address
+    remade.made[t.untyped_storage().data_ptr()] = entry
+    assert remade.pack(t) is t
