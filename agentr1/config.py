@@ -276,6 +276,12 @@ class OptimConfig:
     ordered by length, or rows that share a prefix together, and cut where that computes
     fewest tokens (`micro_batches` in agentr1/trainer/logprobs.py), so a micro-batch may
     hold fewer."""
+    micro_batch_tokens: int = 0
+    """Most tokens one forward/backward computes (its rows padded, a prefix its rows
+    share counted once), 0 = no cap: what bounds the update's activation memory when
+    rows' lengths vary (a multi-turn episode may be 10x another); a row longer than this
+    runs alone. Cut with ``micro_batch_size`` by `micro_batches`; FSDP's equal-count
+    micro-batches take at most this over the longest row's length rows each."""
     activation_checkpointing: bool = False
     """Recompute each decoder layer's activations during the backward pass instead of
     keeping them from the forward (transformers' gradient checkpointing, non-reentrant):
@@ -521,6 +527,10 @@ class Config:
             )
         if o.ppo_epochs < 1 or o.minibatches < 1 or o.micro_batch_size < 1:
             errors.append("optim.ppo_epochs, minibatches and micro_batch_size must be >= 1")
+        if o.micro_batch_tokens < 0:
+            errors.append(
+                f"optim.micro_batch_tokens={o.micro_batch_tokens}: expected >= 0 (0 = no cap)"
+            )
         rows = t.tasks_per_step * r.n_samples
         if o.minibatches > rows:
             errors.append(

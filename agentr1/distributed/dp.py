@@ -155,12 +155,15 @@ class DataParallel:
         attention_mask_BT: torch.Tensor,
         micro_batch_size: int,
         share_prefix: bool,
+        max_tokens: int = 0,
     ) -> list[torch.Tensor]:
         """The micro-batches one process cuts (`micro_batches`, with at most `micro_size`
         rows), dealt (`deal`): with at least ``world`` micro-batches of rows they are the
         very micro-batches one process runs, so even the per-micro-batch metrics agree."""
         rows = micro_size(input_ids_BT.shape[0], micro_batch_size, self.world)
-        plan = micro_batches(input_ids_BT, attention_mask_BT, rows, share_prefix)
+        plan = micro_batches(
+            input_ids_BT, attention_mask_BT, rows, share_prefix, max_tokens=max_tokens
+        )
         return deal(plan, attention_mask_BT.sum(-1), self.rank, self.world)
 
     def sum_gradients(self, params: list[torch.nn.Parameter], ok: bool) -> bool:

@@ -68,9 +68,14 @@ class ShardedParallel(DataParallel):
         attention_mask_BT: torch.Tensor,
         micro_batch_size: int,
         share_prefix: bool,
+        max_tokens: int = 0,
     ) -> list[torch.Tensor]:
         # every rank must run as many passes: equal row counts, not `micro_batches`' cut
-        by_len = torch.argsort(attention_mask_BT.sum(-1), stable=True)
+        lengths = attention_mask_BT.sum(-1)
+        by_len = torch.argsort(lengths, stable=True)
+        if max_tokens > 0:  # rows as long as the longest fit the cap
+            longest = max(1, int(lengths.max()))
+            micro_batch_size = max(1, min(micro_batch_size, max_tokens // longest))
         return lockstep_micro_batches(by_len, micro_batch_size, self.rank, self.world)
 
     def sum_gradients(self, params: list[torch.nn.Parameter], ok: bool) -> bool:

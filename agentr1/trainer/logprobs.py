@@ -461,7 +461,11 @@ ops; a token of the demo's model costs ~30 us forward and backward)."""
 
 
 def length_groups(
-    by_len: torch.Tensor, lengths: list[int], max_rows: int, pass_tokens: int = PASS_TOKENS
+    by_len: torch.Tensor,
+    lengths: list[int],
+    max_rows: int,
+    pass_tokens: int = PASS_TOKENS,
+    max_tokens: int = 0,
 ) -> list[torch.Tensor]:
     """Rows, shortest first (``by_len``, their ``lengths`` in that order), cut into
     micro-batches of at most ``max_rows`` consecutive rows so that the tokens computed
@@ -469,22 +473,25 @@ def length_groups(
     where lengths jump, a micro-batch ends early rather than pad its short rows; where
     they are even, micro-batches stay full. Exact (dynamic programming over the cut
     points). A fixed split of 128 demo episodes into 32s computes 22,000 tokens for
-    15,600 real ones.
+    15,600 real ones. ``max_tokens`` > 0: no micro-batch of two rows or more computes
+    more tokens than that.
 
     >>> [g.tolist() for g in length_groups(torch.arange(5), [10, 10, 10, 90, 90], 4)]
     [[0, 1, 2], [3, 4]]
     >>> [g.tolist() for g in length_groups(torch.arange(4), [1, 2, 3, 4], 4, pass_tokens=0)]
     [[0], [1], [2], [3]]
+    >>> [g.tolist() for g in length_groups(torch.arange(5), [10, 10, 10, 90, 90], 4, max_tokens=100)]
+    [[0, 1, 2], [3], [4]]
     """
     n = len(lengths)
     if n != len(by_len):
         raise ValueError(f"{len(by_len)} rows but {n} lengths")
-    _, cuts = _cheapest_cuts(lengths, [0] * n, max_rows, pass_tokens)
+    _, cuts = _cheapest_cuts(lengths, [0] * n, max_rows, pass_tokens, max_tokens)
     return [by_len[a:b] for a, b in cuts]
 
 
 def _cheapest_cuts(
-    lengths: list[int], common: list[int], max_rows: int, pass_tokens: int
+    lengths: list[int], common: list[int], max_rows: int, pass_tokens: int, max_tokens: int = 0
 ) -> tuple[int, list[tuple[int, int]]]:
     """(tokens computed, cuts [start, end)) of rows in a fixed order whose ``lengths``
     are given, ``common[k]`` leading tokens shared by rows k - 1 and k (``common[0]`` is
@@ -496,8 +503,9 @@ def _cheapest_cuts(
     inside it (at most its longest row - 1). Without a group a run computes its rows
     padded to its longest, plus ``pass_tokens``; with groups, G prefixes padded to the
     longest prefix, then every row's rest padded to the longest rest, plus two passes.
-    Exact (dynamic programming over the cut points; each run's cost kept up to date as
-    it grows a row to the left)."""
+    With ``max_tokens`` > 0 a run of two rows or more computes at most that many tokens
+    (a longer row runs alone). Exact (dynamic programming over the cut points; each
+    run's cost kept up to date as it grows a row to the left)."""
     n = len(lengths)
     max_rows = max(1, max_rows)
     best = [0] + [-1] * n  # best[i]: the fewest tokens for the first i rows
@@ -524,7 +532,10 @@ def _cheapest_cuts(
                 g, pre, r = groups + 1, max(prefix, p), max(rest, f_longest - p)
             else:
                 g, pre, r = groups, prefix, max(rest, f_longest)
-            cost = g * pre + rows * r + 2 * pass_tokens if g else rows * longest + pass_tokens
+            tokens = g * pre + rows * r if g else rows * longest
+            if max_tokens > 0 and rows > 1 and tokens > max_tokens:
+                continue  # over the memory cap (a single row always runs)
+            cost = tokens + (2 * pass_tokens if g else pass_tokens)
             if best[i] < 0 or best[j] + cost < best[i]:
                 best[i], start[i] = best[j] + cost, j
     cuts, i = [], n
@@ -553,6 +564,7 @@ def micro_batches(
     max_rows: int,
     share_prefix: bool = True,
     pass_tokens: int = PASS_TOKENS,
+    max_tokens: int = 0,
 ) -> list[torch.Tensor]:
     """The rows of a right-padded batch cut into passes of at most ``max_rows`` rows
     (row indices), at the fewest tokens computed: the cheaper of `length_groups`'s plan
@@ -564,7 +576,9 @@ def micro_batches(
     their first turns and the tool's answers to them: in the demo's batches from a
     trained agent 59% of the tokens are a common prefix of their group, and its passes
     compute 8-11 thousand tokens instead of 19-26 thousand. Equal to any other cut up to
-    float rounding (a row's result does not depend on its batch-mates).
+    float rounding (a row's result does not depend on its batch-mates). ``max_tokens``
+    > 0 caps the tokens a pass of two rows or more computes (what its activations take:
+    `OptimConfig.micro_batch_tokens`).
 
     Rows 0 and 2 share 40 tokens, row 1 starts otherwise; without sharing, the two
     short rows pad least together:
@@ -585,7 +599,8 @@ def micro_batches(
     plans = []
     for order in _orders(rows, by_len.tolist(), share_prefix):
         common = _neighbours(rows, order) if share_prefix else [0] * n
-        cost, cuts = _cheapest_cuts([lengths[k] for k in order], common, max_rows, pass_tokens)
+        ordered = [lengths[k] for k in order]
+        cost, cuts = _cheapest_cuts(ordered, common, max_rows, pass_tokens, max_tokens)
         plans.append((cost, [torch.tensor(order[a:b], dtype=torch.long) for a, b in cuts]))
     return min(plans, key=lambda p: p[0])[1]
 

@@ -140,6 +140,7 @@ class Collective(Protocol):
         attention_mask_BT: torch.Tensor,
         micro_batch_size: int,
         share_prefix: bool,
+        max_tokens: int = 0,
     ) -> list[torch.Tensor]:
         """This rank's micro-batches (row indices) of a minibatch (its right-padded rows):
         a share of the micro-batches one process would run (`micro_batches`)."""
@@ -251,7 +252,13 @@ def _minibatch_step(
     learner.zero_grad()
     share = not recomputes(backbone_and_head(learner.policy)[0])
     plan = micro_batches if dp is None else dp.micro_batches
-    micros = plan(mb.input_ids_BT, mb.attention_mask_BT, optim.micro_batch_size, share)
+    micros = plan(
+        mb.input_ids_BT,
+        mb.attention_mask_BT,
+        optim.micro_batch_size,
+        share,
+        max_tokens=optim.micro_batch_tokens,
+    )
     lockstep = dp is not None and dp.lockstep
     finite = True
     for micro_idx in micros:

@@ -143,10 +143,15 @@ class ThreadRanks:
             lockstep = False
 
             def micro_batches(
-                self, ids: torch.Tensor, mask: torch.Tensor, micro: int, share: bool
+                self,
+                ids: torch.Tensor,
+                mask: torch.Tensor,
+                micro: int,
+                share: bool,
+                max_tokens: int = 0,
             ) -> list[torch.Tensor]:
                 return DataParallel(r, ranks.world, ids.device).micro_batches(
-                    ids, mask, micro, share
+                    ids, mask, micro, share, max_tokens
                 )
 
             def sum_gradients(self, params: list[torch.nn.Parameter], ok: bool) -> bool:

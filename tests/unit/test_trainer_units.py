@@ -194,7 +194,7 @@ def make_update_batch(model, seed=0):
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
 def test_micro_batching_gives_the_same_update(mode: str) -> None:
     results = []
-    for micro in (4, 1, 3):
+    for micro, tokens in ((4, 0), (1, 0), (3, 0), (4, 20)):
         model = tiny_llama()
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         ub = make_update_batch(model)
@@ -202,13 +202,14 @@ def test_micro_batching_gives_the_same_update(mode: str) -> None:
             Learner(model, opt),
             ub,
             AlgoConfig(agg_mode=mode),
-            OptimConfig(micro_batch_size=micro, grad_clip=1e9),
+            OptimConfig(micro_batch_size=micro, grad_clip=1e9, micro_batch_tokens=tokens),
             1.0,
             torch.Generator().manual_seed(0),
         )
         results.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
     torch.testing.assert_close(results[0], results[1], atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(results[0], results[2], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(results[0], results[3], atol=1e-6, rtol=1e-5)
     assert not torch.equal(
         results[0], torch.cat([p.detach().flatten() for p in tiny_llama().parameters()])
     )
@@ -734,3 +735,49 @@ def test_a_full_disk_in_safetensors_or_before_the_first_checkpoint_is_a_checkpoi
     with pytest.raises(ckpt.CheckpointError, match=r"MiB free, this checkpoint needs about"):
         save_checkpoint(tmp_path, 1, {"policy": model}, {"optimizer": opt.state_dict()}, {})
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("cap", [0, 400, 250, 1])
+def test_a_token_cap_bounds_what_each_micro_batch_computes(cap: int) -> None:
+    """`micro_batches(max_tokens=...)`: no pass of two rows or more computes more tokens
+    than the cap (counted from the backbone's calls: a group's prefix once, then the
+    rows' rests); every row runs once; a cap below every row runs them one by one."""
+    from agentr1.trainer.logprobs import micro_batches
+
+    model = tiny_llama(vocab_size=64, hidden=32, layers=2)
+    ids, attn, _, _ = grouped_batch()
+    plan = micro_batches(ids, attn, 8, max_tokens=cap)
+    assert sorted(torch.cat(plan).tolist()) == list(range(8))
+    lengths = attn.sum(-1)
+    seen: list[int] = []
+    hook = model.model.register_forward_pre_hook(
+        lambda _m, _a, kw: seen.append(kw["input_ids"].numel()), with_kwargs=True
+    )
+    computed = []
+    with torch.no_grad():
+        for idx in plan:
+            seen.clear()
+            t = int(lengths[idx].max())
+            token_logprobs(model, ids[idx, :t], attn[idx, :t])
+            computed.append(sum(seen))
+    hook.remove()
+    if cap == 0:
+        assert len(plan) == 1
+    else:
+        assert all(n <= cap for n, idx in zip(computed, plan, strict=True) if len(idx) > 1)
+    if cap == 1:
+        assert [len(idx) for idx in plan] == [1] * 8
+    if cap == 400:
+        assert any(len(idx) > 1 for idx in plan)  # groups still share their prefix
+
+
+def test_fsdp_micro_batches_take_the_cap_over_the_longest_row() -> None:
+    from agentr1.distributed.fsdp import ShardedParallel
+
+    mask = torch.zeros(8, 50, dtype=torch.long)
+    for row, n in enumerate([10, 10, 10, 10, 10, 10, 10, 50]):
+        mask[row, :n] = 1
+    ids = torch.ones_like(mask)
+    par = ShardedParallel(0, 2, torch.device("cpu"))
+    assert [len(m) for m in par.micro_batches(ids, mask, 4, True)] == [4]
+    assert [len(m) for m in par.micro_batches(ids, mask, 4, True, max_tokens=100)] == [2, 2]
