@@ -89,6 +89,67 @@ def peak_rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
+class PhaseRSS:
+    """The process's resident memory sampled every 10 ms by a thread, its maximum per
+    phase of the trainer's `Timer` (``rollout``, ``old_logprobs``, ``update``, ...;
+    ``other`` outside them) from the second step on: which phase holds the peak. A
+    phase's peak starts from what the phases before it left allocated."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.phases: list[str] = ["other"]
+        self.peak: dict[str, float] = {}
+        self.steps = 0
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        import os
+
+        page = os.sysconf("SC_PAGE_SIZE") / 2**30
+        while not self.done.wait(0.01):
+            with open("/proc/self/statm") as f:
+                rss = int(f.read().split()[1]) * page
+            if self.steps >= 2:  # the first step's one-off costs left out
+                phase = self.phases[-1]
+                self.peak[phase] = max(self.peak.get(phase, 0.0), rss)
+
+    def __enter__(self) -> PhaseRSS:
+        from contextlib import contextmanager
+
+        from agentr1.trainer import loop, state
+
+        real, real_step, outer = state.Timer.__call__, loop.rl_step, self
+
+        @contextmanager
+        def call(timer: Any, phase: str) -> Any:
+            outer.phases.append(phase)
+            try:
+                with real(timer, phase):
+                    yield
+            finally:
+                outer.phases.pop()
+
+        def step(*a: Any, **k: Any) -> Any:
+            outer.steps += 1
+            return real_step(*a, **k)
+
+        self.restore = lambda: (
+            setattr(state.Timer, "__call__", real),
+            setattr(loop, "rl_step", real_step),
+        )
+        state.Timer.__call__ = call  # type: ignore[method-assign]
+        loop.rl_step = step
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.done.set()
+        self.thread.join()
+        self.restore()
+
+
 def median_later(rows: list[dict[str, float]]) -> dict[str, float]:
     """Median of each key over the steps after the first (all of them if only one).
 
@@ -122,7 +183,8 @@ def run_agentr1(setting: str, model: str, steps: int, overrides: list[str]) -> d
                 f"train.run_dir={tmp}",
             ],
         )
-        train(cfg, stop_after=steps)  # stops before the final eval
+        with PhaseRSS() as phases:
+            train(cfg, stop_after=steps)  # stops before the final eval
         records = metric_records(Path(tmp), "rl")
     n = QUESTIONS * SAMPLES
     rows = [
@@ -136,7 +198,8 @@ def run_agentr1(setting: str, model: str, steps: int, overrides: list[str]) -> d
         }
         for r in records
     ]
-    return {"rows": rows, "rss_gib": peak_rss_gib()}
+    by_phase = {k: round(v, 2) for k, v in sorted(phases.peak.items(), key=lambda kv: -kv[1])}
+    return {"rows": rows, "rss_gib": peak_rss_gib(), "rss_by_phase_gib": by_phase}
 
 
 # --- TRL -------------------------------------------------------------------------------
@@ -393,6 +456,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         python = args.trl_python if setting.startswith("trl") else sys.executable
         results.append(spawn(python, setting, args))
         print(table(results[-1:]), flush=True)
+        if "rss_by_phase_gib" in results[-1]:
+            print(f"peak RSS by phase (GiB): {results[-1]['rss_by_phase_gib']}", flush=True)
     print(f"\nmedians of steps 2-{args.steps}, {QUESTIONS} questions x {SAMPLES} a step\n")
     print(table(results))
     if args.json:

@@ -129,6 +129,7 @@ def sft_train(
         done = step + 1
         if save is not None and save_every and done % save_every == 0 and done < steps:
             save(sft_progress(done, losses, opt, sched, rng, batches))
+    opt.zero_grad(set_to_none=True)  # their memory back for what follows (RL, the eval)
     return losses
 
 

@@ -86,9 +86,11 @@ def test_every_estimator_trains(
     from agentr1.trainer import loop
 
     real = loop.sample_rollouts
+    held: list[bool] = []  # at each rollout: gradients allocated?
 
     def rewarded(s, timer):  # type: ignore[no-untyped-def]
         """The tiny model earns nothing yet; group 0 gets rewards 1 / 0, group 1 a tie."""
+        held.append(any(p.grad is not None for p in s.setup.policy.parameters()))
         groups, stats, extra = real(s, timer)
         for g, rewards in zip(groups, ([1.0, 0.0], [0.5, 0.5]), strict=True):
             for t, r in zip(g.trajectories, rewards, strict=True):
@@ -109,6 +111,7 @@ def test_every_estimator_trains(
     )
     summary = train(cfg)
     assert summary["steps"] == 2
+    assert held and not held[0]  # SFT's gradients were let go before RL
     rows = rl_records(tmp_path)
     assert len(rows) == 2 and all(r["skipped_updates"] == 0 for r in rows)
     for f in (

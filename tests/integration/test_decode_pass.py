@@ -371,3 +371,25 @@ def test_a_shared_prefix_prefilled_through_the_pass_samples_the_same(
     for a, b in zip(ours, theirs, strict=True):
         assert a.token_ids == b.token_ids
         assert a.logprobs == pytest.approx(b.logprobs, rel=2e-5, abs=1e-5)
+
+
+@pytest.mark.parametrize(("copy", "adapters"), [(False, False), (True, False), (True, True)])
+def test_the_packs_are_dropped_after_the_rollout(copy: bool, adapters: bool) -> None:
+    """After a step's rollout the packs go: the update is about to change every packed
+    weight (a sampler copy that the sync overwrites; the policy itself, fully trained);
+    LoRA's policy sampled directly packs nothing."""
+    from types import SimpleNamespace
+
+    from agentr1.trainer.rollouts import release_stale_packs
+
+    policy = tiny_llama(vocab_size=VOCAB)
+    if adapters:
+        lora.apply_lora(policy, rank=2, alpha=4)
+        direct = HFGenerator(policy)
+        direct.generate(PROMPTS, SamplingParams(max_new_tokens=4, temperature=0.0))
+        assert direct.packs.nbytes() == 0
+    gen = HFGenerator(tiny_llama(vocab_size=VOCAB) if copy else policy)
+    gen.generate(PROMPTS, SamplingParams(max_new_tokens=4, temperature=0.0))
+    assert gen.packs.nbytes() > 0
+    release_stale_packs(SimpleNamespace(setup=SimpleNamespace(generator=gen)))  # type: ignore[arg-type]
+    assert gen.packs.nbytes() == 0
