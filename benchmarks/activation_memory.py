@@ -52,9 +52,11 @@ def exact_rss() -> None:
     `agentr1.trainer.setup.keep_freed_memory`, which blurs this count)."""
     import ctypes
 
+    from agentr1.trainer.setup import MALLOC_MMAP_THRESHOLD, MALLOC_TRIM_THRESHOLD
+
     mallopt = ctypes.CDLL(None).mallopt
-    mallopt(-3, 64 << 10)  # M_MMAP_THRESHOLD, fixed
-    mallopt(-1, 0)  # M_TRIM_THRESHOLD
+    mallopt(MALLOC_MMAP_THRESHOLD, 64 << 10)  # fixed: no longer raised by frees
+    mallopt(MALLOC_TRIM_THRESHOLD, 0)
 
 
 def measure(args: argparse.Namespace) -> dict[str, float]:
