@@ -102,11 +102,15 @@ def test_a_10_gb_allocation_is_refused_by_the_memory_cap() -> None:
 
 
 def test_huge_output_is_cut_and_the_process_killed() -> None:
-    r = run("print('x' * 10**8)")
+    # 10 MB, 5,000x the cap, under a CPU limit no machine reaches: 100 MB cost 0.35 s of
+    # system time in page faults here and crossed TOOL's 1 s limit on a busy CI machine,
+    # which then (rightly) reported python_cpu
+    roomy = PythonTool(timeout_s=30.0, cpu_s=20.0, memory_mb=256, max_output_chars=2000)
+    r = run("print('x' * 10**7)", roomy)
     assert not r.ok and r.metadata["error"] == "python_output"
     assert "printed more than 2000 characters" in r.content
     assert len(r.content) < 2200
-    r = run("while True:\n    print('y' * 1000)")
+    r = run("while True:\n    print('y' * 1000)", roomy)
     assert r.metadata["error"] == "python_output" and r.metadata["exit_code"] == -9
 
 
