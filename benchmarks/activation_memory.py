@@ -5,6 +5,7 @@ shape, each setting in a fresh process.
 
     .venv/bin/python benchmarks/activation_memory.py                 # float32, 4 rows
     .venv/bin/python benchmarks/activation_memory.py --rows 8 --lora  # LoRA r16's update
+    .venv/bin/python benchmarks/activation_memory.py --lora --bf16    # the fast setting's
 
 Settings: ``lean`` (the default: norm outputs and gate products remade in the backward,
 `agentr1.trainer.fused`), ``kept`` (``AGENTR1_RECOMPUTE=0``: autograd keeps them), and
@@ -67,11 +68,13 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
     sys.path.insert(0, str(Path(__file__).parent))
     from shaped_model import shaped_model
 
+    from agentr1.backends.attention import use_decode_sdpa
     from agentr1.lora import apply_lora
     from agentr1.trainer.logprobs import token_logprobs
 
     torch.manual_seed(0)
     model = shaped_model("smollm2-135m", torch.float32)
+    use_decode_sdpa(model)  # agentr1's attention, as the trainer's policy has it
     if args.lora:
         apply_lora(model, rank=16, alpha=32)
     model.train()
@@ -89,7 +92,8 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
 
     def step() -> tuple[float, float]:
         start = rss_gib()
-        lp, _ = token_logprobs(model, ids, attn, select)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+            lp, _ = token_logprobs(model, ids, attn, select)
         kept = rss_gib() - start
         (-(lp * select).sum() / select.sum()).backward()
         return kept, start
@@ -117,6 +121,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     p.add_argument("--rows", type=int, default=4)
     p.add_argument("--prefix", type=int, default=330)
     p.add_argument("--lora", action="store_true", help="LoRA r16 adapters, base frozen")
+    p.add_argument("--bf16", action="store_true", help="under bf16 autocast (float32 weights)")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--only", default=",".join(SETTINGS), help="comma-separated settings")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -129,6 +134,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
         cmd = [sys.executable, __file__, "--child", name, "--rows", str(args.rows)]
         cmd += ["--prefix", str(args.prefix), "--repeats", str(args.repeats)]
         cmd += ["--lora"] if args.lora else []
+        cmd += ["--bf16"] if args.bf16 else []
         env = {**os.environ, **SETTINGS[name]}
         res = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
         if res.returncode != 0:

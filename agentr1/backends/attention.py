@@ -9,16 +9,25 @@ head (1.4 ms against 0.2 ms a layer for 8 rows of 400 tokens in bf16; `benchmark
 RESULTS.md`, "Roofline"), which is what transformers itself does when the batch has a
 mask. `decode_sdpa` packs always and then, for every one-token query (grouped or not),
 computes the attention as two matmuls with an fp32 softmax (`one_query_attention`),
-which for one query position beats torch's CPU flash kernel; everything else (prompts,
-training, masks with a position bias) goes to transformers' own ``sdpa`` function
-unchanged.
+which for one query position beats torch's CPU flash kernel.
+
+Several query positions with a mask on the CPU (the trainer's passes over rows that share
+a prefix: each row's rest attends to its group's cached prefix through a mask; padded
+prompts) go to torch's flash kernel with ``enable_gqa`` where transformers would first
+copy every key and value head to each of its query heads (`repeat_kv`): the kernel keeps
+its inputs for the backward, so the copies cost memory as well as time (SmolLM2's 3 key
+heads for 9 query heads: two thirds of the keys and values kept are copies). Outputs and
+query gradients are the same bits; key and value gradients sum the heads' shares in
+another order (float rounding: `tests/unit/test_one_query_attention.py`). Everything
+else (no mask, a GPU, position biases, dropout) goes to transformers' own ``sdpa``
+function unchanged.
 
 Importing the module registers it under `NAME` (with ``sdpa``'s mask function), so a
 model copied or unpickled in another process of agentr1 finds it; `use_decode_sdpa(model)`
 switches a model whose attention is ``sdpa`` to it, other implementations are left as
-they are (the name is not saved with the model's config). The switch is safe on a model
-the trainer shares: with gradients on, or more than one query position, the call is
-exactly ``sdpa``'s.
+they are (the name is not saved with the model's config). The trainer switches its policy
+too (`agentr1.trainer.setup.load_policy`): with gradients on, the call is ``sdpa``'s or,
+masked on the CPU, the grouped kernel above.
 """
 
 from __future__ import annotations
@@ -47,12 +56,17 @@ def decode_sdpa(
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     groups = int(getattr(module, "num_key_value_groups", 1))
-    plain = (
-        query.shape[2] != 1
-        or torch.is_grad_enabled()
-        or dropout > 0
-        or any(kwargs.get(k) is not None for k in ("position_bias", "softcap", "sinks"))
-    )
+    extras = any(kwargs.get(k) is not None for k in ("position_bias", "softcap", "sinks"))
+    if (
+        query.shape[2] > 1
+        and attention_mask is not None
+        and groups > 1
+        and not extras
+        and query.device.type == "cpu"
+        and key.shape[-1] == value.shape[-1] <= 256
+    ):
+        return grouped_masked_attention(query, key, value, attention_mask, dropout, scaling)
+    plain = query.shape[2] != 1 or torch.is_grad_enabled() or dropout > 0 or extras
     if plain:
         return sdpa_attention_forward(
             module,
@@ -75,6 +89,30 @@ def decode_sdpa(
         q_BKGD, key, value, mask, D**-0.5 if scaling is None else scaling
     )
     return out_BKGD.reshape(B, Hq, 1, -1).transpose(1, 2).contiguous(), None
+
+
+def grouped_masked_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+) -> tuple[torch.Tensor, None]:
+    """Masked attention of ``[B, Hq, Q, D]`` queries on ``[B, Hkv, T, D]`` keys and values
+    (``Hq`` a multiple of ``Hkv``) by torch's kernel with ``enable_gqa``: no key or value
+    head is copied, in the forward or for the backward. Returns ``([B, Q, Hq, D], None)``
+    (transformers' attention-function result)."""
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query,
+        key,
+        value,
+        attn_mask=mask,
+        dropout_p=dropout,
+        scale=scaling,
+        enable_gqa=True,
+    )
+    return out.transpose(1, 2).contiguous(), None
 
 
 def one_query_attention(

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from agentr1 import configutil, lora
+from agentr1.backends.attention import use_decode_sdpa
 from agentr1.backends.base import Generator
 from agentr1.backends.hf import HFGenerator
 from agentr1.config import Config
@@ -249,6 +250,9 @@ def load_policy(cfg: Config, path: str) -> tuple[Any, ChatFormat, Any, Generator
     policy = load_model(path, dtype=dtype, device=resolve_device(cfg.model.device))
     chat = ChatFormat.from_hf(tokenizer, chat_template=TEMPLATES[cfg.model.chat_template])
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else chat.end_of_turn_id
+    # The trainer's masked passes (rows sharing a prefix) without copied key/value heads
+    # (`agentr1.backends.attention`); a sampler copy made below is switched by its generator.
+    use_decode_sdpa(policy)
     sampler = policy
     if dtype != torch.bfloat16 and sampler_bf16(cfg, policy.device):  # a bf16 copy
         sampler = cast_copy(policy, torch.bfloat16).eval()

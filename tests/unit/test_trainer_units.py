@@ -140,6 +140,48 @@ def test_shared_prefix_runs_once_and_changes_nothing() -> None:
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
 
+def test_grouped_query_passes_with_a_mask_copy_no_key_heads_and_change_nothing() -> None:
+    """On a grouped-query model switched to agentr1's attention (as `load_policy` does),
+    the shared-prefix pass's masked rest call runs torch's kernel on the key heads as
+    they are (no `repeat_kv` copy), with the log-probs and gradients of the plain
+    ``sdpa`` model: the same bits for the log-probs and the query side, float rounding
+    for the key and value projections' gradients."""
+    import copy
+
+    from transformers.integrations import sdpa_attention
+
+    from agentr1.backends.attention import NAME, use_decode_sdpa
+
+    plain = tiny_llama(vocab_size=64, hidden=32, layers=2, heads=4, kv_heads=2)
+    ours = copy.deepcopy(plain)
+    assert use_decode_sdpa(ours) and ours.config._attn_implementation == NAME
+    ids, attn, mask = shared_prefix_batch()
+    copies: list[int] = []
+    real_repeat = sdpa_attention.repeat_kv
+
+    def counting(h: torch.Tensor, n: int) -> torch.Tensor:
+        copies.append(n)
+        return real_repeat(h, n)
+
+    sdpa_attention.repeat_kv = counting
+    try:
+        results = []
+        for model in (plain, ours):
+            copies.clear()
+            lp, ent = token_logprobs(model, ids, attn, mask, 0.7, with_entropy=True)
+            (masked_aggregate(lp, mask) + 0.1 * masked_aggregate(ent, mask)).backward()
+            results.append((lp.detach(), {n: p.grad for n, p in model.named_parameters()}))
+            results[-1] += (list(copies),)
+    finally:
+        sdpa_attention.repeat_kv = real_repeat
+    (lp_a, g_a, copies_a), (lp_b, g_b, copies_b) = results
+    assert copies_a and 2 in copies_a  # transformers copies each key head for the rest call
+    assert copies_b == []
+    assert torch.equal(lp_a, lp_b)
+    for name, grad in g_a.items():
+        torch.testing.assert_close(g_b[name], grad, atol=1e-6, rtol=1e-5)
+
+
 def test_shared_prefix_is_skipped_when_short_or_single_row() -> None:
     from agentr1.trainer.logprobs import MIN_SHARED_PREFIX, backbone_hidden
 
