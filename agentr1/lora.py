@@ -107,7 +107,9 @@ def _lora_forward(module: nn.Module, args: tuple[Any, ...], out: torch.Tensor) -
     group: _SharedInput | None = flags["lora_group"]
     z = nn.functional.linear(args[0], a_RI) if group is None else group.project(module, args[0])
     scale: float = flags["lora_scale"]
-    return out + nn.functional.linear(z, b_OR) * scale
+    # The scale on the rank-r product, not on the [..., O] output: one elementwise pass
+    # over r columns instead of O, forward and backward.
+    return out + nn.functional.linear(z * scale, b_OR)
 
 
 def _share_inputs(chosen: list[str], linear: dict[str, nn.Linear]) -> None:
