@@ -35,7 +35,7 @@ from agentr1.eval.evaluate import EvalResult
 from agentr1.rollout.collate import collate_groups
 from agentr1.rollout.loop import RolloutStats
 from agentr1.tasks import TaskSpec
-from agentr1.trainer import best
+from agentr1.trainer import best, tokenlog
 from agentr1.trainer.checkpoint import latest_checkpoint, update_checkpoint_meta, write_failed
 from agentr1.trainer.evaluation import eval_record, log_eval, run_eval
 from agentr1.trainer.rollouts import make_rollouts
@@ -97,6 +97,8 @@ def rl_step(s: TrainState, run: RunDir) -> dict[str, float]:
     groups, stats, async_metrics = sample_rollouts(s, timer)
     batch = collate_groups(groups, s.setup.pad_id).to(device)
     ub, scores, adv_metrics = update_batch(s, batch, timer)
+    tap = tokenlog.tap_for(s, batch, scores.logged_BT)  # the logged rows' log-probs before
+    train_policy = s.step >= cfg.algo.critic_warmup_steps or s.critic is None
     with timer("update"):
         update = rl_update if s.group is None else s.group.update  # data-parallel ranks
         upd = update(
@@ -106,9 +108,14 @@ def rl_step(s: TrainState, run: RunDir) -> dict[str, float]:
             cfg.optim,
             temperature=cfg.rollout.temperature,
             generator=s.update_rng,
-            train_policy=s.step >= cfg.algo.critic_warmup_steps or s.critic is None,
+            train_policy=train_policy,
             autocast=lambda: train_autocast(cfg, s.setup.policy),
+            **({"tap": tap} if tap is not None else {}),
         )
+    if tap is not None:
+        changed = train_policy and upd["skipped_updates"] == 0
+        logged = tokenlog.before_from_tap(s, batch, tap, ub.loss_mask_BT, changed)
+        scores = dataclasses.replace(scores, logged_BT=logged)
     with timer("sync_sampler"):
         s.rollouts.synced(s, s.step + 1)
     names = s.setup.task.metric_names

@@ -48,7 +48,8 @@ class Scores:
     ablation); on-policy, the update takes them from its first forward (ratio 1)."""
     logged_BT: torch.Tensor | None = None
     """The same before the update for the rows whose tokens the step logs only
-    (`agentr1.trainer.tokenlog.logged_rows`; [N, T]): the report's PPO ratio and KL."""
+    (`agentr1.trainer.tokenlog.logged_rows`; [N, T]): the report's PPO ratio and KL.
+    None until the update has given them where it can (`tokenlog.update_gives_before`)."""
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,9 @@ def score_batch(
             with timer("values"):
                 values = s.critic(batch.input_ids_BT, batch.attention_mask_BT)
     logged = None
-    if cfg.train.log_trajectories:
+    # On-policy in one process the update's own first forward gives the logged rows'
+    # log-probs before it (`tokenlog.tap_for`, `rl_step`): no forward of their own here.
+    if cfg.train.log_trajectories and not tokenlog.update_gives_before(s, old):
         with timer("log_tokens"):
             logged = tokenlog.logprobs_before(s, batch, train_mask_BT, old)
     return Scores(ref_BT=ref, values_BT=values, old_BT=old, logged_BT=logged)

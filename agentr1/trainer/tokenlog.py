@@ -2,7 +2,9 @@
 an RL step logs: the whole GRPO groups of its first ``train.log_trajectories`` tasks.
 
     logged_rows       the batch rows of those groups (`collate_groups` keeps group order)
-    logprobs_before   the trainer's log-probs of those rows before the update (scoring)
+    logprobs_before   the trainer's log-probs of those rows before the update (scoring),
+                      or, on-policy in one process, from the update's own first forward
+                      (`update_gives_before`, `tap_for`, `before_from_tap`): no extra pass
     token_layers      after the update: advantage, PPO ratio and KL per token of each row
     token_pieces      each token's text, so that the pieces concatenate to the decoded text
 
@@ -33,6 +35,7 @@ import torch
 from agentr1.algorithms.losses import KL_KINDS, kl_penalty
 from agentr1.trainer.logprobs import token_logprobs
 from agentr1.trainer.setup import train_autocast
+from agentr1.trainer.update import LogprobTap
 
 if TYPE_CHECKING:
     from agentr1.config import Config
@@ -85,6 +88,51 @@ def logprobs_before(
     if old_BT is not None:
         return old_BT[rows_N].float()
     return _logprobs(s, batch, rows_N, train_mask_BT)
+
+
+def update_gives_before(s: TrainState, old_BT: torch.Tensor | None) -> bool:
+    """Whether the update's own forwards give the logged rows' log-probs before it: an
+    on-policy update (no old log-probs: one epoch, one minibatch, so every row's forward
+    comes before the optimizer step) in this process (data-parallel ranks run theirs
+    elsewhere)."""
+    return old_BT is None and s.group is None
+
+
+def tap_for(
+    s: TrainState, batch: RolloutBatch, scores_logged: torch.Tensor | None
+) -> LogprobTap | None:
+    """The `LogprobTap` for the logged rows when the update is to give their log-probs
+    before it (`update_gives_before`; nothing logged yet), else None."""
+    cfg = s.setup.cfg
+    if not cfg.train.log_trajectories or scores_logged is not None or s.group is not None:
+        return None
+    rows_N = logged_rows(batch.group_index_B, cfg)
+    return LogprobTap(set(rows_N.tolist())) if rows_N.numel() else None
+
+
+def before_from_tap(
+    s: TrainState,
+    batch: RolloutBatch,
+    tap: LogprobTap,
+    train_mask_BT: torch.Tensor,
+    weights_changed: bool,
+) -> torch.Tensor:
+    """The logged rows' log-probs before the update, from ``tap``. [N, T]
+
+    A row the update did not run (its micro-batch had no trained token, or the update
+    stopped at a non-finite loss) takes a forward of its own when the weights are as
+    they were (no optimizer step), and NaN otherwise (shown as no value)."""
+    rows_N = logged_rows(batch.group_index_B, s.setup.cfg)
+    T = batch.input_ids_BT.shape[1]
+    missing = [r for r in rows_N.tolist() if r not in tap.got]
+    fill: dict[int, torch.Tensor] = {}
+    if missing and not weights_changed:
+        idx = torch.tensor(missing, device=batch.input_ids_BT.device)
+        fill = dict(zip(missing, _logprobs(s, batch, idx, train_mask_BT).cpu(), strict=True))
+    nan_T = torch.full((T,), float("nan"))
+    return torch.stack([tap.got.get(r, fill.get(r, nan_T)).cpu() for r in rows_N.tolist()]).to(
+        batch.input_ids_BT.device
+    )
 
 
 def _kl_kind(kl_mode: str) -> str:

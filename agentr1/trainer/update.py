@@ -100,6 +100,25 @@ class Learner:
 
 
 @dataclass
+class LogprobTap:
+    """Rows (of the update's batch) whose log-probs the update hands back from its own
+    forward, taken before its first optimizer step: the run report's "before the update"
+    of the rows it logs (`agentr1.trainer.tokenlog`), without a forward of their own.
+    ``got`` maps a row to its log-probs [T] (0 on the padding the micro-batch cut)."""
+
+    rows: set[int]
+    got: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def take(self, rows_b: torch.Tensor, lp_BT: torch.Tensor, width: int) -> None:
+        """Keep the wanted ones of a micro-batch's rows (batch indices ``rows_b``, their
+        log-probs ``lp_BT``), padded back to the batch's ``width``."""
+        for i, r in enumerate(rows_b.tolist()):
+            if r in self.rows:
+                row = lp_BT[i].detach().float()
+                self.got[r] = torch.nn.functional.pad(row, (0, width - row.shape[0]))
+
+
+@dataclass
 class _Terms:
     """The fixed choices of one update, resolved once."""
 
@@ -162,10 +181,16 @@ class Collective(Protocol):
         ...
 
 
-def policy_terms(policy: Any, mc: UpdateBatch, t: _Terms) -> tuple[torch.Tensor, dict[str, float]]:
+def policy_terms(
+    policy: Any,
+    mc: UpdateBatch,
+    t: _Terms,
+    seen: Callable[[torch.Tensor], None] | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """The policy's loss on one micro-batch: the registered policy loss, minus the entropy
     bonus, plus ``kl_coef`` x a KL loss term (when the KL variant is one and there is a
-    reference). Old log-probs default to this forward's own (on-policy: ratio 1)."""
+    reference). Old log-probs default to this forward's own (on-policy: ratio 1).
+    ``seen`` is given the forward's log-probs [B, T]."""
     algo = t.algo
     lp_BT, ent_BT = token_logprobs(
         policy,
@@ -175,6 +200,8 @@ def policy_terms(policy: Any, mc: UpdateBatch, t: _Terms) -> tuple[torch.Tensor,
         temperature=t.temperature,
         with_entropy=True,
     )
+    if seen is not None:
+        seen(lp_BT.detach())
     old_BT = mc.old_logprobs_BT if mc.old_logprobs_BT is not None else lp_BT.detach()
     loss, metrics = t.policy_loss(
         PolicyLossInputs(lp_BT, old_BT, mc.advantages_BT, mc.loss_mask_BT), algo
@@ -214,12 +241,14 @@ def _accumulate(
     t: _Terms,
     log_to: MetricMeans,
     lockstep: bool = False,
+    seen: Callable[[torch.Tensor], None] | None = None,
 ) -> bool:
     """Backpropagate ``weight`` x one micro-batch's loss; False when the loss is not
-    finite (then nothing is backpropagated, unless ``lockstep``: see `Collective`)."""
+    finite (then nothing is backpropagated, unless ``lockstep``: see `Collective`).
+    ``seen``: as in `policy_terms`."""
     loss = torch.zeros(())
     if t.train_policy:
-        pl, pm = policy_terms(learner.policy, mc, t)
+        pl, pm = policy_terms(learner.policy, mc, t, seen)
         loss = loss + pl
         log_to.add(pm)
     if learner.critic is not None and mc.returns_BT is not None and mc.old_values_BT is not None:
@@ -239,9 +268,11 @@ def _minibatch_step(
     optim: OptimConfig,
     log_to: MetricMeans,
     dp: Collective | None = None,
+    tap: tuple[LogprobTap, torch.Tensor] | None = None,
 ) -> bool:
     """Accumulate a minibatch's micro-batches, then step the optimizers; False (weights
-    unchanged) when a loss or gradient is not finite.
+    unchanged) when a loss or gradient is not finite. ``tap``: a `LogprobTap` and the
+    minibatch's rows in the batch (their indices), handed each forward's log-probs.
 
     Each micro-batch's loss is weighted by its share of the minibatch's aggregation
     denominator, so the gradient is the same whatever the split (over micro-batches, and
@@ -261,10 +292,15 @@ def _minibatch_step(
     )
     lockstep = dp is not None and dp.lockstep
     finite = True
+    width = mb.input_ids_BT.shape[1]
     for micro_idx in micros:
         mc = _trim(mb.rows(micro_idx))
         w = float(aggregation_weight(mc.loss_mask_BT, t.algo.agg_mode) / denom)
-        if (w != 0.0 or lockstep) and not _accumulate(learner, mc, w, t, log_to, lockstep):
+        seen = None
+        if tap is not None:
+            rows_b = tap[1][micro_idx]
+            seen = lambda lp_BT, rows_b=rows_b: tap[0].take(rows_b, lp_BT, width)  # noqa: E731
+        if (w != 0.0 or lockstep) and not _accumulate(learner, mc, w, t, log_to, lockstep, seen):
             finite = False
             if not lockstep:
                 break
@@ -300,9 +336,13 @@ def rl_update(
     train_policy: bool = True,
     autocast: Callable[[], AbstractContextManager[Any]] = nullcontext,
     dp: Collective | None = None,
+    tap: LogprobTap | None = None,
 ) -> dict[str, float]:
     """K epochs x minibatches of policy steps (and critic steps when the learner has a
     critic); returns the metrics' means, ``skipped_updates`` and ``lr``.
+
+    ``tap`` is filled from the forwards of the first minibatch (before any optimizer
+    step) with the log-probs of the rows it wants that are in it.
 
     ``autocast`` makes the context of each optimizer step's forward and backward passes
     (e.g. `agentr1.trainer.setup.train_autocast`): one context per step, because autocast
@@ -316,12 +356,15 @@ def rl_update(
     skipped = 0
     learner.policy.train()
     B = batch.input_ids_BT.shape[0]
+    first = True
     for _epoch in range(optim.ppo_epochs):
         perm = torch.randperm(B, generator=generator)
         for mb_idx in perm.chunk(optim.minibatches):
             with autocast():
                 mb = batch.rows(mb_idx)
-                skipped += not _minibatch_step(learner, mb, terms, optim, means, dp)
+                taps = (tap, mb_idx) if tap is not None and first else None
+                skipped += not _minibatch_step(learner, mb, terms, optim, means, dp, taps)
+            first = False
     if dp is not None:
         dp.reduce_metrics(means)
     if train_policy and learner.scheduler is not None:
