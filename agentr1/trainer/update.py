@@ -117,6 +117,10 @@ class LogprobTap:
                 row = lp_BT[i].detach().float()
                 self.got[r] = torch.nn.functional.pad(row, (0, width - row.shape[0]))
 
+    def taker(self, rows_b: torch.Tensor, width: int) -> Callable[[torch.Tensor], None]:
+        """`take` for one micro-batch's rows, as `policy_terms`' ``seen``."""
+        return lambda lp_BT: self.take(rows_b, lp_BT, width)
+
 
 @dataclass
 class _Terms:
@@ -296,10 +300,7 @@ def _minibatch_step(
     for micro_idx in micros:
         mc = _trim(mb.rows(micro_idx))
         w = float(aggregation_weight(mc.loss_mask_BT, t.algo.agg_mode) / denom)
-        seen = None
-        if tap is not None:
-            rows_b = tap[1][micro_idx]
-            seen = lambda lp_BT, rows_b=rows_b: tap[0].take(rows_b, lp_BT, width)  # noqa: E731
+        seen = None if tap is None else tap[0].taker(tap[1][micro_idx], width)
         if (w != 0.0 or lockstep) and not _accumulate(learner, mc, w, t, log_to, lockstep, seen):
             finite = False
             if not lockstep:
