@@ -821,27 +821,34 @@ class RMSNorm:
 
 class SiluGate:
     """The loaded ``silu_gate`` kernel (``kernels/silu_gate.cpp``): ``silu(g) * u`` over
-    float32 tensors on the CPU (`forward`) and its gradients (`backward`), the products of
-    torch's ``F.silu(g) * u`` with exp rounded differently."""
+    float32 or bfloat16 tensors on the CPU (`forward`) and its gradients (`backward`), the
+    products of torch's ``F.silu(g) * u`` with exp rounded differently (in bfloat16 each
+    result rounded where torch's ops round theirs)."""
 
     def __init__(self, path: Path) -> None:
         self.lib = load_library(path)
         self.path = path
         long, ptr = ctypes.c_long, ctypes.c_void_p
-        self._fwd = _bind(self.lib, "agentr1_silu_gate_forward", None, [ptr, ptr, long, ptr])
-        bwd_args = [ptr, ptr, ptr, long, ptr, ptr]
-        self._bwd = _bind(self.lib, "agentr1_silu_gate_backward", None, bwd_args)
+        fwd_args, bwd_args = [ptr, ptr, long, ptr], [ptr, ptr, ptr, long, ptr, ptr]
+        self._fwd = {
+            torch.float32: _bind(self.lib, "agentr1_silu_gate_forward", None, fwd_args),
+            torch.bfloat16: _bind(self.lib, "agentr1_silu_gate_forward_bf16", None, fwd_args),
+        }
+        self._bwd = {
+            torch.float32: _bind(self.lib, "agentr1_silu_gate_backward", None, bwd_args),
+            torch.bfloat16: _bind(self.lib, "agentr1_silu_gate_backward_bf16", None, bwd_args),
+        }
 
     @staticmethod
     def supports(g: torch.Tensor, u: torch.Tensor) -> bool:
-        """Whether the kernel takes this gate and input: plain float32 tensors on the CPU,
-        one shape."""
+        """Whether the kernel takes this gate and input: plain float32 or bfloat16 tensors
+        on the CPU, one shape and dtype."""
         return (
             _plain(g, u)
             and g.device.type == "cpu"
             and u.device.type == "cpu"
-            and g.dtype == torch.float32
-            and u.dtype == torch.float32
+            and g.dtype in (torch.float32, torch.bfloat16)
+            and u.dtype == g.dtype
             and g.shape == u.shape
         )
 
@@ -849,9 +856,9 @@ class SiluGate:
     def _check(g: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if not SiluGate.supports(g, u):
             raise ValueError(
-                f"silu-gate kernel: gate and input must be float32 on the CPU with one "
-                f"shape, got {tuple(g.shape)} {g.dtype} {g.device} and {tuple(u.shape)} "
-                f"{u.dtype} {u.device}"
+                f"silu-gate kernel: gate and input must be float32 or bfloat16 on the CPU "
+                f"with one shape and dtype, got {tuple(g.shape)} {g.dtype} {g.device} and "
+                f"{tuple(u.shape)} {u.dtype} {u.device}"
             )
         return g.contiguous(), u.contiguous()
 
@@ -859,7 +866,7 @@ class SiluGate:
         """``silu(g) * u``, shaped as ``g``."""
         g, u = self._check(g, u)
         y = torch.empty_like(g)
-        self._fwd(g.data_ptr(), u.data_ptr(), g.numel(), y.data_ptr())
+        self._fwd[g.dtype](g.data_ptr(), u.data_ptr(), g.numel(), y.data_ptr())
         return y
 
     def backward(
@@ -867,13 +874,13 @@ class SiluGate:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(the gradients with respect to ``g`` and ``u``), given ``grad_y``."""
         g, u = self._check(g, u)
-        dy = grad_y.float().contiguous()
+        dy = grad_y.to(g.dtype).contiguous()
         if dy.shape != g.shape:
             raise ValueError(
                 f"silu-gate kernel: a gradient of {tuple(dy.shape)} for {tuple(g.shape)}"
             )
         dg, du = torch.empty_like(g), torch.empty_like(u)
-        self._bwd(
+        self._bwd[g.dtype](
             g.data_ptr(), u.data_ptr(), dy.data_ptr(), g.numel(), dg.data_ptr(), du.data_ptr()
         )
         return dg, du

@@ -17,10 +17,11 @@ that already has an instance ``forward`` of its own (a hook library's) is left a
 so is every norm where the kernel is unavailable (``AGENTR1_NATIVE=0``, no compiler); a
 switched norm whose input or weight the kernel does not take (not float32 on the CPU,
 e.g. under bf16 autocast or on a GPU; a tensor subclass, e.g. FSDP's sharded DTensor
-outside its unit's forward) runs its own forward. A switched MLP's gate that the kernel
-does not take runs on torch's ops (`torch_silu_gate`: the same ops and bits as the
-module's, without keeping ``silu(g)`` for the backward). Results equal the modules' to
-float rounding (sums and exp in another order): `tests/unit/test_fused.py`.
+outside its unit's forward) runs its own forward. The gate kernel takes float32 and, under
+bf16 autocast, bfloat16 (each result rounded where torch's bf16 ops round theirs); a
+switched MLP's gate that it does not take runs on torch's ops (`torch_silu_gate`: the same
+ops and bits as the module's, without keeping ``silu(g)`` for the backward). Results equal
+the modules' to float rounding (sums and exp in another order): `tests/unit/test_fused.py`.
 
 Inside the context a kernel's output is also not kept for the backward: autograd would
 keep a norm's output for the projections that read it (q/k/v, gate/up) and a gate's

@@ -88,6 +88,35 @@ def test_gate_kernel_matches_silu_times_input_forward_and_backward(
     torch.testing.assert_close(u.grad.double(), u64.grad, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("shape", [(3, 5, 384), (7, 37), (1, 17)])
+def test_the_bf16_gate_kernel_rounds_where_torchs_bf16_ops_round(shape: tuple[int, ...]) -> None:
+    """In bfloat16 (the trainer under bf16 autocast) the kernel computes in float32 and
+    rounds each result where torch's bf16 ops round theirs: forward and gradients equal
+    torch's to one bf16 rounding step (exp differs), and the exact values to bf16's
+    precision."""
+    gen = torch.Generator().manual_seed(len(shape))
+    g32 = 4 * torch.randn(shape, generator=gen)
+    g32.view(-1)[::7] *= 30
+    u32 = torch.randn(shape, generator=gen)
+    weights = torch.linspace(-1, 1, g32.numel()).view(shape).bfloat16()
+    results = []
+    for gate in (fused.silu_gate, fused.torch_silu_gate):
+        g, u = (t.bfloat16().requires_grad_() for t in (g32, u32))
+        y = gate(g, u)
+        assert y is not None and y.dtype == torch.bfloat16
+        (y * weights).sum().backward()
+        assert g.grad is not None and u.grad is not None
+        results.append((y.detach().float(), g.grad.float(), u.grad.float()))
+    g64, u64 = (t.bfloat16().double().requires_grad_() for t in (g32, u32))
+    ref = torch.nn.functional.silu(g64) * u64
+    (ref * weights.double()).sum().backward()
+    assert g64.grad is not None and u64.grad is not None
+    exacts = (ref.detach(), g64.grad, u64.grad)
+    for ours, torchs, exact in zip(results[0], results[1], exacts, strict=True):
+        torch.testing.assert_close(ours, torchs, rtol=2**-7, atol=1e-6)
+        torch.testing.assert_close(ours.double(), exact, rtol=2**-6, atol=1e-4)
+
+
 def test_a_nan_gate_stays_nan() -> None:
     g = torch.tensor([[float("nan"), 1.0] * 12]).requires_grad_()
     u = torch.ones_like(g).requires_grad_()

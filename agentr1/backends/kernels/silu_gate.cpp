@@ -9,6 +9,11 @@
 // one pass where torch's autograd runs a product for du, another for silu's gradient
 // input and silu_backward, and keeps silu(g) from the forward as well.
 //
+// bfloat16 tensors (the trainer's passes under bf16 autocast) take the `_bf16` entry points:
+// float32 arithmetic on the widened values, each result rounded as torch's bf16 ops round
+// theirs (silu(g) rounded before the product; dy u rounded before silu's gradient), so
+// the two differ by exp's rounding only.
+//
 // exp is Cephes' on 16 lanes where the compiler targets AVX-512 (bf16.h's exp16, which
 // clamps its argument to [-87, 88]: s is then 0 or 1 to float precision, as it would be),
 // std::exp elsewhere. A NaN in g stays NaN in y, dg and du (it multiplies them).
@@ -42,9 +47,74 @@ template <typename F> void blocks(long n, F f) {
     }
 }
 
+using agentr1::bf16;
+using agentr1::load;
+using agentr1::rounded;
+using agentr1::to_bf16;
+
+void forward_bf16(const bf16* g, const bf16* u, long n, bf16* y) {
+    blocks(n, [&](long lo, long hi) {
+        long i = lo;
+#if defined(__AVX512F__)
+        for (; i + 16 <= hi; i += 16) {
+            const __m512 vg = agentr1::load16(g + i);
+            const __m512 silu = agentr1::widen16(agentr1::to_bf16x16(_mm512_mul_ps(vg, sigmoid16(vg))));
+            const __m512 vy = _mm512_mul_ps(silu, agentr1::load16(u + i));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i), agentr1::to_bf16x16(vy));
+        }
+#endif
+        for (; i < hi; ++i) {
+            const float gi = load(g[i]);
+            y[i] = to_bf16(rounded<bf16>(gi * sigmoid(gi)) * load(u[i]));
+        }
+    });
+}
+
+void backward_bf16(const bf16* g, const bf16* u, const bf16* dy, long n, bf16* dg, bf16* du) {
+    blocks(n, [&](long lo, long hi) {
+        long i = lo;
+#if defined(__AVX512F__)
+        const __m512 one = _mm512_set1_ps(1.f);
+        for (; i + 16 <= hi; i += 16) {
+            const __m512 vg = agentr1::load16(g + i);
+            const __m512 vdy = agentr1::load16(dy + i);
+            const __m512 s = sigmoid16(vg);
+            const __m512 silu = agentr1::widen16(agentr1::to_bf16x16(_mm512_mul_ps(vg, s)));
+            const __m512 a =
+                agentr1::widen16(agentr1::to_bf16x16(_mm512_mul_ps(vdy, agentr1::load16(u + i))));
+            // silu's gradient as torch's silu_backward: a s (1 + g (1 - s))
+            const __m512 d = _mm512_mul_ps(
+                _mm512_mul_ps(a, s), _mm512_add_ps(one, _mm512_mul_ps(vg, _mm512_sub_ps(one, s))));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(du + i),
+                                agentr1::to_bf16x16(_mm512_mul_ps(vdy, silu)));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(dg + i), agentr1::to_bf16x16(d));
+        }
+#endif
+        for (; i < hi; ++i) {
+            const float gi = load(g[i]);
+            const float s = sigmoid(gi);
+            const float silu = rounded<bf16>(gi * s);
+            const float a = rounded<bf16>(load(dy[i]) * load(u[i]));
+            const bf16 dui = to_bf16(load(dy[i]) * silu);
+            dg[i] = to_bf16(a * s * (1.f + gi * (1.f - s)));
+            du[i] = dui;
+        }
+    });
+}
+
 }  // namespace
 
 extern "C" {
+
+// The same over bfloat16 tensors (see the header); y may be g or u, dg g, du u.
+void agentr1_silu_gate_forward_bf16(const bf16* g, const bf16* u, long n, bf16* y) {
+    forward_bf16(g, u, n, y);
+}
+
+void agentr1_silu_gate_backward_bf16(const bf16* g, const bf16* u, const bf16* dy, long n,
+                                     bf16* dg, bf16* du) {
+    backward_bf16(g, u, dy, n, dg, du);
+}
 
 // g, u, y: n contiguous floats each (y may be g or u).
 void agentr1_silu_gate_forward(const float* g, const float* u, long n, float* y) {
