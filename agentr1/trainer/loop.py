@@ -97,7 +97,7 @@ def rl_step(s: TrainState, run: RunDir) -> dict[str, float]:
     groups, stats, async_metrics = sample_rollouts(s, timer)
     batch = collate_groups(groups, s.setup.pad_id).to(device)
     ub, scores, adv_metrics = update_batch(s, batch, timer)
-    tap = tokenlog.tap_for(s, batch, scores.logged_BT)  # the logged rows' log-probs before
+    tap = tokenlog.tap_for(s, batch, scores.old_BT)  # the logged rows' log-probs before
     train_policy = s.step >= cfg.algo.critic_warmup_steps or s.critic is None
     with timer("update"):
         update = rl_update if s.group is None else s.group.update  # data-parallel ranks

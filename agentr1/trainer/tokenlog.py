@@ -98,13 +98,11 @@ def update_gives_before(s: TrainState, old_BT: torch.Tensor | None) -> bool:
     return old_BT is None and s.group is None
 
 
-def tap_for(
-    s: TrainState, batch: RolloutBatch, scores_logged: torch.Tensor | None
-) -> LogprobTap | None:
+def tap_for(s: TrainState, batch: RolloutBatch, old_BT: torch.Tensor | None) -> LogprobTap | None:
     """The `LogprobTap` for the logged rows when the update is to give their log-probs
-    before it (`update_gives_before`; nothing logged yet), else None."""
+    before it (`update_gives_before`, given the update's old log-probs), else None."""
     cfg = s.setup.cfg
-    if not cfg.train.log_trajectories or scores_logged is not None or s.group is not None:
+    if not cfg.train.log_trajectories or not update_gives_before(s, old_BT):
         return None
     rows_N = logged_rows(batch.group_index_B, cfg)
     return LogprobTap(set(rows_N.tolist())) if rows_N.numel() else None
@@ -122,17 +120,15 @@ def before_from_tap(
     A row the update did not run (its micro-batch had no trained token, or the update
     stopped at a non-finite loss) takes a forward of its own when the weights are as
     they were (no optimizer step), and NaN otherwise (shown as no value)."""
-    rows_N = logged_rows(batch.group_index_B, s.setup.cfg)
-    T = batch.input_ids_BT.shape[1]
-    missing = [r for r in rows_N.tolist() if r not in tap.got]
+    rows = logged_rows(batch.group_index_B, s.setup.cfg).tolist()
+    device = batch.input_ids_BT.device
+    missing = [r for r in rows if r not in tap.got]
     fill: dict[int, torch.Tensor] = {}
     if missing and not weights_changed:
-        idx = torch.tensor(missing, device=batch.input_ids_BT.device)
-        fill = dict(zip(missing, _logprobs(s, batch, idx, train_mask_BT).cpu(), strict=True))
-    nan_T = torch.full((T,), float("nan"))
-    return torch.stack([tap.got.get(r, fill.get(r, nan_T)).cpu() for r in rows_N.tolist()]).to(
-        batch.input_ids_BT.device
-    )
+        idx = torch.tensor(missing, device=device)
+        fill = dict(zip(missing, _logprobs(s, batch, idx, train_mask_BT), strict=True))
+    nan_T = torch.full((batch.input_ids_BT.shape[1],), float("nan"), device=device)
+    return torch.stack([tap.got.get(r, fill.get(r, nan_T)) for r in rows])
 
 
 def _kl_kind(kl_mode: str) -> str:

@@ -114,7 +114,7 @@ class LogprobTap:
         log-probs ``lp_BT``), padded back to the batch's ``width``."""
         for i, r in enumerate(rows_b.tolist()):
             if r in self.rows:
-                row = lp_BT[i].detach().float()
+                row = lp_BT[i].float()
                 self.got[r] = torch.nn.functional.pad(row, (0, width - row.shape[0]))
 
     def taker(self, rows_b: torch.Tensor, width: int) -> Callable[[torch.Tensor], None]:
@@ -357,15 +357,14 @@ def rl_update(
     skipped = 0
     learner.policy.train()
     B = batch.input_ids_BT.shape[0]
-    first = True
     for _epoch in range(optim.ppo_epochs):
         perm = torch.randperm(B, generator=generator)
         for mb_idx in perm.chunk(optim.minibatches):
             with autocast():
                 mb = batch.rows(mb_idx)
-                taps = (tap, mb_idx) if tap is not None and first else None
+                taps = None if tap is None else (tap, mb_idx)
+                tap = None  # only the first minibatch's forwards come before a step
                 skipped += not _minibatch_step(learner, mb, terms, optim, means, dp, taps)
-            first = False
     if dp is not None:
         dp.reduce_metrics(means)
     if train_policy and learner.scheduler is not None:

@@ -52,13 +52,19 @@ using agentr1::load;
 using agentr1::rounded;
 using agentr1::to_bf16;
 
-void forward_bf16(const bf16* g, const bf16* u, long n, bf16* y) {
+}  // namespace
+
+extern "C" {
+
+// The same over bfloat16 tensors (see the header); y may be g or u.
+void agentr1_silu_gate_forward_bf16(const bf16* g, const bf16* u, long n, bf16* y) {
     blocks(n, [&](long lo, long hi) {
         long i = lo;
 #if defined(__AVX512F__)
         for (; i + 16 <= hi; i += 16) {
             const __m512 vg = agentr1::load16(g + i);
-            const __m512 silu = agentr1::widen16(agentr1::to_bf16x16(_mm512_mul_ps(vg, sigmoid16(vg))));
+            const __m512 silu =
+                agentr1::widen16(agentr1::to_bf16x16(_mm512_mul_ps(vg, sigmoid16(vg))));
             const __m512 vy = _mm512_mul_ps(silu, agentr1::load16(u + i));
             _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i), agentr1::to_bf16x16(vy));
         }
@@ -70,7 +76,9 @@ void forward_bf16(const bf16* g, const bf16* u, long n, bf16* y) {
     });
 }
 
-void backward_bf16(const bf16* g, const bf16* u, const bf16* dy, long n, bf16* dg, bf16* du) {
+// dg may be g, du may be u: each element is read before it is written.
+void agentr1_silu_gate_backward_bf16(const bf16* g, const bf16* u, const bf16* dy, long n,
+                                     bf16* dg, bf16* du) {
     blocks(n, [&](long lo, long hi) {
         long i = lo;
 #if defined(__AVX512F__)
@@ -100,20 +108,6 @@ void backward_bf16(const bf16* g, const bf16* u, const bf16* dy, long n, bf16* d
             du[i] = dui;
         }
     });
-}
-
-}  // namespace
-
-extern "C" {
-
-// The same over bfloat16 tensors (see the header); y may be g or u, dg g, du u.
-void agentr1_silu_gate_forward_bf16(const bf16* g, const bf16* u, long n, bf16* y) {
-    forward_bf16(g, u, n, y);
-}
-
-void agentr1_silu_gate_backward_bf16(const bf16* g, const bf16* u, const bf16* dy, long n,
-                                     bf16* dg, bf16* du) {
-    backward_bf16(g, u, dy, n, dg, du);
 }
 
 // g, u, y: n contiguous floats each (y may be g or u).
