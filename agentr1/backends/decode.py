@@ -124,6 +124,25 @@ class _Matmul:
     def nbytes(self) -> int:
         return sum(t.nbytes for t in self.sources)
 
+    @property
+    def out_features(self) -> int:
+        return sum(w.shape[0] for w in self.weights)
+
+
+class _Buffers:
+    """The bf16 buffers one pass writes its native products and attention into, each
+    reused by every layer: a prefill's outputs are megabytes, and fresh ones each layer
+    are fresh pages the OS zeroes on first touch (about a tenth of a bf16 prefill)."""
+
+    def __init__(self) -> None:
+        self.held: dict[str, torch.Tensor] = {}
+
+    def __call__(self, name: str, *shape: int) -> torch.Tensor:
+        t = self.held.get(name)
+        if t is None or tuple(t.shape) != shape:
+            t = self.held[name] = torch.empty(shape, dtype=torch.bfloat16)
+        return t
+
 
 @dataclass(frozen=True)
 class _Layer:
@@ -231,12 +250,14 @@ class WeightPacks:
         rope: tuple[int, int] = (0, 0),
         cos: torch.Tensor | None = None,
         sin: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``matmul`` of ``norm(x)`` (an RMSNorm module, or None) plus ``residual``, or
         with ``glu`` the SiLU-gated product of a gate | up weight, by the native kernel
         from its pack (made again when a source has changed); ``rope`` (heads, head
         size): the pack's first heads are query and key heads, rotated by ``cos`` /
-        ``sin`` when given (`agentr1.backends.native.rope_layout` says which can be)."""
+        ``sin`` when given (`agentr1.backends.native.rope_layout` says which can be);
+        written into ``out`` when given (the residual itself may be it)."""
         native = self.native
         if native is None:
             raise ValueError(f"{matmul.name}: no native product kernel")
@@ -258,6 +279,7 @@ class WeightPacks:
             residual=residual,
             cos=cos,
             sin=sin,
+            out=out,
         )
 
     def linear(self, matmul: _Matmul, x: torch.Tensor) -> torch.Tensor:
@@ -460,6 +482,7 @@ class DecodePass:
         # attention rotates its own; the pack's layout serves both)
         rope_ok = fused and rope_layout(head_dim)
         rotate = rope_ok and S > 1 and cos_BSD.dtype == x_BSH.dtype
+        buffers = _Buffers()
         for layer, cache in zip(self.layers, cache_layers, strict=True):
             Q, K, D = layer.q_heads, layer.kv_heads, layer.head_dim
             # q | k | v of every head as one product; rotary on the q and k heads at once.
@@ -472,6 +495,7 @@ class DecodePass:
                     rope=(Q + K, D) if rope_ok else (0, 0),
                     cos=cos_BSD if rotate else None,
                     sin=sin_BSD if rotate else None,
+                    out=buffers("qkv", B, S, layer.qkv.out_features),
                 )
             else:
                 h_BSH = _rms(x_BSH, layer.input_norm.weight, layer.input_norm.variance_epsilon)
@@ -513,6 +537,7 @@ class DecodePass:
                             mask_BT.shape[1],
                             attend_u8_BT,
                             layer.scaling,
+                            out=buffers("attention", B, S, Q * D),
                         )
                     if o_native is not None:
                         o_BSX = o_native
@@ -538,9 +563,14 @@ class DecodePass:
                     o_BSX = o_BKGD.reshape(B, 1, -1)
             if fused:  # the residual adds, the second norm and the SiLU gate inside
                 assert packs is not None
-                x_BSH = packs.native_linear(layer.o, o_BSX, residual=x_BSH)
-                act_BSI = packs.native_linear(layer.gate_up, x_BSH, norm=layer.post_norm, glu=True)
-                x_BSH = packs.native_linear(layer.down, act_BSI, residual=x_BSH)
+                # the residual stream added to in place (x_BSH is this pass's own: the
+                # embedding's output, then these products')
+                x_BSH = packs.native_linear(layer.o, o_BSX, residual=x_BSH, out=x_BSH)
+                act = buffers("act", B, S, layer.gate_up.out_features // 2)
+                act_BSI = packs.native_linear(
+                    layer.gate_up, x_BSH, norm=layer.post_norm, glu=True, out=act
+                )
+                x_BSH = packs.native_linear(layer.down, act_BSI, residual=x_BSH, out=x_BSH)
                 continue
             x_BSH = x_BSH + layer.o(o_BSX, packs)
             h_BSH = _rms(x_BSH, layer.post_norm.weight, layer.post_norm.variance_epsilon)

@@ -412,6 +412,7 @@ class DecodeLinear:
         residual: torch.Tensor | None = None,
         cos: torch.Tensor | None = None,
         sin: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         K = pack.in_features
         out_cols = pack.out_features // 2 if pack.glu else pack.out_features
@@ -455,7 +456,7 @@ class DecodeLinear:
         tensors = [t for t in (x2, norm, bias, r2, *cs) if t is not None]
         if any(not self.supports(t.dtype, t.device) for t in tensors):
             raise ValueError("decode linear: every tensor must be CPU bfloat16")
-        out = torch.empty((M, out_cols), dtype=torch.bfloat16)
+        out = _output(out, (*lead, out_cols), "decode linear", x2)
         failed = self._linear(
             x2.data_ptr(),
             x2.stride(0),
@@ -481,7 +482,7 @@ class DecodeLinear:
             raise MemoryError("decode linear: the kernel's scratch memory")
         if failed:
             raise ValueError(f"decode linear: the kernel refused the call (code {failed})")
-        return out.view(*lead, out_cols)
+        return out
 
 
 class PrefillAttention:
@@ -527,6 +528,7 @@ class PrefillAttention:
         T: int,
         attend_BT: torch.Tensor,
         scale: float,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor | None:
         """Attention of ``q_BSQD`` (the rotated query heads; rows may be strided, heads
         must be packed) over the first ``T`` columns of the cache buffers, as
@@ -550,7 +552,7 @@ class PrefillAttention:
                 f"{tuple(attend_BT.shape)} {attend_BT.dtype} for [{B}, {T}] uint8"
             )
         attend = attend_BT.contiguous()
-        out = torch.empty((B, S, Q * D), dtype=torch.bfloat16)
+        out = _output(out, (B, S, Q * D), "prefill attention", q_BSQD, keys_BKCD, values_BKCD)
         code = self._fn(
             q_BSQD.data_ptr(),
             q_BSQD.stride(0),
@@ -575,6 +577,43 @@ class PrefillAttention:
         if code:
             raise MemoryError("prefill attention: the kernel's scratch memory")
         return out
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """The bytes ``[start, end)`` a tensor's elements lie in."""
+    if t.numel() == 0:
+        return (0, 0)
+    start = t.data_ptr()
+    last = sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True))
+    return (start, start + (last + 1) * t.element_size())
+
+
+def _output(
+    out: torch.Tensor | None, shape: tuple[int, ...], what: str, *inputs: torch.Tensor
+) -> torch.Tensor:
+    """A kernel's bf16 output: ``out`` checked (the caller's buffer, reused between calls
+    so that a prefill's large outputs are not fresh pages every layer), else a new one.
+    The kernels write every element; ``out`` must not overlap an input they read while
+    writing (a residual it replaces in place is fine: each element is read, then
+    written, by one thread)."""
+    if out is None:
+        return torch.empty(shape, dtype=torch.bfloat16)
+    if (
+        tuple(out.shape) != shape
+        or out.dtype != torch.bfloat16
+        or out.device.type != "cpu"
+        or not out.is_contiguous()
+    ):
+        raise ValueError(
+            f"{what}: out must be a contiguous CPU bfloat16 {list(shape)}, got "
+            f"{list(out.shape)} {out.dtype} on {out.device}"
+        )
+    lo, hi = _span(out)
+    for t in inputs:
+        a, b = _span(t)
+        if a < hi and lo < b:
+            raise ValueError(f"{what}: out overlaps an input the kernel reads while writing")
+    return out
 
 
 def _bind(lib: ctypes.CDLL, name: str, restype: Any, argtypes: list[Any]) -> Any:

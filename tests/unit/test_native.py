@@ -273,3 +273,34 @@ def test_the_prefill_kernel_attends_causally_within_a_rounding(case: tuple[int, 
     # padding queries too: their outputs become keys and values the next layer multiplies
     assert torch.isfinite(out).all()
     assert err.max() <= 2 * base.max() and err.mean() <= 2 * base.mean()
+
+
+def test_the_prefill_kernel_writes_into_a_given_buffer_and_keeps_its_scratch_between_calls() -> (
+    None
+):
+    """`DecodePass` hands the kernel one output buffer for every layer, and the kernel
+    keeps its packed keys and values between calls: calls of other sizes in between
+    (larger, then smaller) leave each call's result what a fresh process computes."""
+    kernel = native.prefill_attention()
+    if kernel is None or not kernel.ready:
+        pytest.skip("no AMX prefill-attention kernel here (no compiler, no AMX, or not granted)")
+    g = torch.Generator().manual_seed(3)
+
+    def call(B: int, S: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(B * 1000 + S)
+        q = torch.randn(B, S, 4, 64, generator=gen).bfloat16()
+        keys = torch.randn(B, 2, S, 64, generator=gen).bfloat16()
+        values = torch.randn(B, 2, S, 64, generator=gen).bfloat16()
+        attend = torch.ones(B, S, dtype=torch.uint8)
+        attend[0, :2] = 0
+        o = kernel(q, keys, values, S, attend, 0.125, out=out)
+        assert o is not None
+        return o
+
+    small = call(2, 40)
+    large = call(3, 150)
+    assert torch.equal(call(2, 40), small)  # the larger scratch, partly rewritten
+    buffer = torch.randn(3, 150, 4 * 64, generator=g).bfloat16()
+    assert call(3, 150, out=buffer) is buffer and torch.equal(buffer, large)
+    with pytest.raises(ValueError, match=r"out must be a contiguous CPU bfloat16 \[2, 40, 256\]"):
+        call(2, 40, out=buffer)

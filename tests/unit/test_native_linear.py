@@ -174,6 +174,50 @@ def test_leading_dimensions_and_strided_rows_are_taken_as_they_come(kernel: Any)
     )
 
 
+@pytest.mark.parametrize("M", [5, 70])
+def test_a_given_output_buffer_is_written_and_a_residual_replaced_in_place(
+    kernel: Any, M: int
+) -> None:
+    """What `DecodePass` does with its buffers: a product written into one buffer held
+    between calls (over what an earlier call left there), and the residual stream added
+    to in place: the same bits as a fresh output."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(M, 64, generator=g).bfloat16()
+    norm = (1 + torch.randn(64, generator=g) / 4).bfloat16()
+    weight = (torch.randn(96, 64, generator=g) / 8).bfloat16()
+    pack, glu = kernel.pack(weight), kernel.pack(weight, glu=True)
+    buffer = torch.full((M, 96), float("nan")).bfloat16()
+    fresh = kernel(x, pack, norm=norm, eps=1e-5)
+    assert kernel(x, pack, norm=norm, eps=1e-5, out=buffer) is buffer
+    assert torch.equal(buffer, fresh)
+    act = torch.full((M, 48), float("nan")).bfloat16()
+    fresh_act = kernel(x, glu, norm=norm, eps=1e-5)
+    assert torch.equal(kernel(x, glu, norm=norm, eps=1e-5, out=act), fresh_act)
+    square = kernel.pack((torch.randn(64, 64, generator=g) / 8).bfloat16())
+    stream = torch.randn(M, 64, generator=g).bfloat16()
+    h = torch.randn(M, 64, generator=g).bfloat16()
+    expected = kernel(h, square, residual=stream)
+    assert kernel(h, square, residual=stream, out=stream) is stream
+    assert torch.equal(stream, expected)
+
+
+def test_an_output_buffer_of_the_wrong_kind_or_over_the_input_is_refused(kernel: Any) -> None:
+    x = torch.randn(4, 32).bfloat16()
+    pack = kernel.pack(torch.randn(32, 32).bfloat16())
+    with pytest.raises(ValueError, match=r"out must be a contiguous CPU bfloat16 \[4, 32\]"):
+        kernel(x, pack, out=torch.empty(4, 31).bfloat16())
+    with pytest.raises(ValueError, match="out must be a contiguous CPU bfloat16"):
+        kernel(x, pack, out=torch.empty(4, 32))
+    with pytest.raises(ValueError, match="out must be a contiguous CPU bfloat16"):
+        kernel(x, pack, out=torch.empty(32, 4).bfloat16().t())
+    # the input read while the output is written: refused, not silently corrupted
+    with pytest.raises(ValueError, match="out overlaps an input"):
+        kernel(x, pack, out=x)
+    wide = torch.randn(8, 32).bfloat16()
+    with pytest.raises(ValueError, match="out overlaps an input"):
+        kernel(wide[:4], pack, out=wide[2:6])
+
+
 def test_bad_inputs_are_refused_with_the_reason(kernel: Any) -> None:
     w = torch.randn(32, 16).bfloat16()
     with pytest.raises(ValueError, match="2-d CPU bfloat16 weight"):

@@ -220,12 +220,20 @@ extern "C" int agentr1_prefill_attention_bf16(const bf16* q, long q_sb, long q_s
     if (!amx_permitted() || D % 32 != 0 || Q % K != 0 || S > T) return 3;
     const long G = Q / K, TP = (T + 31) / 32 * 32;
     const long per_kt = (TP / TK) * (D / 2) * TK * 2, per_vv = (TP / 2) * D * 2;
-    std::vector<bf16> packed;
+    // Every element the tiles read is packed first (pack_kv writes zeros past T), so the
+    // buffer is kept between calls (a prefill calls once a layer: no fresh pages each
+    // time) and given back when a call needs far less than one before held.
+    thread_local std::vector<bf16> packed;
     try {
-        packed.resize(size_t(B) * K * (per_kt + per_vv));
+        const size_t need = size_t(B) * K * (per_kt + per_vv), keep = size_t(16) << 20;
+        if (packed.size() > std::max(4 * need, keep)) std::vector<bf16>().swap(packed);
+        if (packed.size() < need) packed.resize(need);
     } catch (...) {
         return 1;
     }
+    // (the calling thread's buffer: inside the parallel region `packed` names each
+    // thread's own)
+    bf16* const pk = packed.data();
     const long tiles = (S + TQ - 1) / TQ;
     int failed = 0;
 #pragma omp parallel
@@ -233,7 +241,7 @@ extern "C" int agentr1_prefill_attention_bf16(const bf16* q, long q_sb, long q_s
 #pragma omp for collapse(2) schedule(static)
         for (int b = 0; b < B; b++)
             for (int h = 0; h < K; h++) {
-                bf16* kt = packed.data() + (long(b) * K + h) * (per_kt + per_vv);
+                bf16* kt = pk + (long(b) * K + h) * (per_kt + per_vv);
                 pack_kv(kbuf + b * kv_sb + h * kv_sh, vbuf + b * kv_sb + h * kv_sh, T, TP, D, kt,
                         kt + per_kt);
             }
@@ -255,7 +263,7 @@ extern "C" int agentr1_prefill_attention_bf16(const bf16* q, long q_sb, long q_s
                 for (long t = 0; t < tiles; t++) {
                     if (sc.empty() || acc.empty() || w.empty()) continue;
                     const int h = int(j / G);
-                    const bf16* kt = packed.data() + (long(b) * K + h) * (per_kt + per_vv);
+                    const bf16* kt = pk + (long(b) * K + h) * (per_kt + per_vv);
                     const long s0 = t * TQ;
                     const int R = int(std::min<long>(TQ, S - s0));
                     if (R != configured) configure(configured = R);
