@@ -57,6 +57,11 @@ def decode_sdpa(
 
     groups = int(getattr(module, "num_key_value_groups", 1))
     extras = any(kwargs.get(k) is not None for k in ("position_bias", "softcap", "sinks"))
+    if not extras and dropout == 0.0:
+        causal = attention_mask is None and query.shape[2] > 1 and module_is_causal(module)
+        trained = train_attention(query, key, value, attention_mask, causal, scaling)
+        if trained is not None:
+            return trained
     if (
         query.shape[2] > 1
         and attention_mask is not None
@@ -112,6 +117,100 @@ def grouped_masked_attention(
         scale=scaling,
         enable_gqa=True,
     )
+    return out.transpose(1, 2).contiguous(), None
+
+
+def module_is_causal(module: torch.nn.Module) -> bool:
+    """Whether transformers treats ``module``'s unmasked multi-query calls as causal."""
+    return bool(getattr(module, "is_causal", True))
+
+
+class TrainAttention(torch.autograd.Function):
+    """bf16 attention with gradients on a CPU with AMX: torch's flash kernel forward
+    (which also gives each query's log-sum-exp), agentr1's AMX kernel backward
+    (`agentr1.backends.native.AttentionBackward`). torch's CPU backward runs each block's
+    products as separate small GEMM calls and takes 5-8x its forward; the kernel keeps
+    them on tiles (`benchmarks/RESULTS.md`, "The attention's backward on AMX tiles").
+    Outputs are torch's, the same bits; gradients sum in another order (within a bf16
+    rounding of the exact ones: `tests/unit/test_train_attention.py`)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        attend: torch.Tensor | None,
+        scale: float,
+    ) -> torch.Tensor:
+        additive = None
+        if attend is not None:
+            additive = torch.zeros(attend.shape, dtype=q.dtype).masked_fill_(~attend, float("-inf"))
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, attend is None, attn_mask=additive, scale=scale
+        )
+        ctx.save_for_backward(q, k, v, out, lse, attend)
+        ctx.scale = scale
+        result: torch.Tensor = out
+        return result
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
+        from agentr1.backends.native import attention_backward
+
+        q, k, v, out, lse, attend = ctx.saved_tensors
+        kernel = attention_backward()
+        assert kernel is not None  # train_attention checked it before the forward
+        mask = None if attend is None else attend[:, 0]
+        dq, dk, dv = kernel.backward(q, k, v, out, grad_out, lse, mask, ctx.scale)
+        return dq, dk, dv, None, None
+
+
+def train_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    causal: bool,
+    scaling: float | None,
+) -> tuple[torch.Tensor, None] | None:
+    """`TrainAttention` of ``[B, Hq, Q, D]`` queries on ``[B, Hkv, T, D]`` keys and values
+    where it applies (gradients on, bf16 on a CPU whose AMX the kernel may use, a boolean
+    ``[B or 1, 1, Q, T]`` mask, or none and ``causal`` with Q = T), as transformers'
+    attention-function result ``([B, Q, Hq, D], None)``; else None (the caller goes on)."""
+    if not (
+        torch.is_grad_enabled()
+        and any(t.requires_grad for t in (query, key, value))
+        and query.device.type == "cpu"
+        and query.shape[2] > 1
+    ):
+        return None
+    if torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16:
+        # what autocast does to scaled_dot_product_attention's inputs (the rotated query
+        # and key heads come out of the rotary in float32)
+        query, key, value = (t.to(torch.bfloat16) for t in (query, key, value))
+    if not query.dtype == key.dtype == value.dtype == torch.bfloat16:
+        return None
+    B, _, S, D = query.shape
+    T = key.shape[2]
+    if mask is None:
+        if not causal or S != T:
+            return None
+    elif not (
+        mask.dtype == torch.bool
+        and mask.dim() == 4
+        and mask.shape[1] == 1
+        and mask.shape[0] in (1, B)
+        and tuple(mask.shape[2:]) == (S, T)
+    ):
+        return None
+    from agentr1.backends.native import attention_backward
+
+    kernel = attention_backward()
+    if kernel is None or not kernel.supports(query, key) or value.shape != key.shape:
+        return None
+    scale = D**-0.5 if scaling is None else float(scaling)
+    out = TrainAttention.apply(query, key, value, mask, scale)  # type: ignore[no-untyped-call]
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -76,6 +76,7 @@ PREFILL_SOURCE = KERNELS / "prefill_attention.cpp"
 LOG_SOFTMAX_SOURCE = KERNELS / "log_softmax.cpp"
 RMS_NORM_SOURCE = KERNELS / "rms_norm.cpp"
 SILU_GATE_SOURCE = KERNELS / "silu_gate.cpp"
+ATTENTION_BACKWARD_SOURCE = KERNELS / "attention_backward.cpp"
 OFF_ENV = "AGENTR1_NATIVE"
 """Set to 0 to never build or load native kernels."""
 DIR_ENV = "AGENTR1_KERNEL_DIR"
@@ -727,6 +728,113 @@ class LogSoftmax:
         return logits_NV
 
 
+class AttentionBackward:
+    """The loaded ``attention_backward`` kernel (``kernels/attention_backward.cpp``): the
+    gradients of bf16 grouped-query attention on AMX tiles from torch's forward output
+    and log-sum-exp, for the trainer (`agentr1.backends.attention.TrainAttention`).
+    ``backward(...) -> (dq, dk, dv)``; `ready` says whether it runs here at all."""
+
+    def __init__(self, path: Path) -> None:
+        self.lib = load_library(path)
+        self.path = path
+        long, int_, ptr = ctypes.c_long, ctypes.c_int, ctypes.c_void_p
+        self._ready = _bind(self.lib, "agentr1_attention_backward_ready", int_, [])
+        args = [ptr] * 6 + [ptr, ptr, long, ptr, ptr, ptr] + [int_] * 6 + [ctypes.c_float]
+        self._fn = _bind(self.lib, "agentr1_attention_backward_bf16", int_, args)
+
+    @property
+    def ready(self) -> bool:
+        """Whether calls run here (this build has AMX and the OS grants it)."""
+        return bool(self._ready())
+
+    def supports(self, q: torch.Tensor, k: torch.Tensor) -> bool:
+        """Whether the kernel takes ``[B, Q, S, D]`` queries over ``[B, K, T, D]`` keys."""
+        return (
+            self.ready
+            and q.device.type == "cpu"
+            and q.dtype == k.dtype == torch.bfloat16
+            and q.dim() == k.dim() == 4
+            and q.shape[-1] % 32 == 0
+            and q.shape[-1] == k.shape[-1]
+            and q.shape[1] % k.shape[1] == 0
+            and q.shape[2] <= k.shape[2]
+            and _plain(q, k)
+        )
+
+    def backward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+        grad_out: torch.Tensor,
+        lse: torch.Tensor,
+        attend: torch.Tensor | None,
+        scale: float,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(dq, dk, dv) of attention ``softmax(scale q k^T) v`` over the keys each query
+        sees: ``attend`` (``[B or 1, S, T]`` bool or uint8, nonzero = sees), or causally
+        with the queries at the last ``S`` of the ``T`` columns. ``q``, ``out``,
+        ``grad_out`` ``[B, Q, S, D]``, ``k``, ``v`` ``[B, K, T, D]``, bf16, any strides
+        with the last dimension contiguous; ``lse`` the forward's float32 log-sum-exp
+        ``[B, Q, S]``."""
+        B, Q, S, D = q.shape
+        K, T = k.shape[1], k.shape[2]
+        tensors = {"q": q, "k": k, "v": v, "out": out, "grad_out": grad_out}
+        if not self.supports(q, k):
+            raise ValueError(
+                f"attention backward: bf16 [B, Q, S, D] queries over [B, K, T, D] keys with "
+                f"D a multiple of 32 on a CPU with AMX, got {tuple(q.shape)} "
+                f"{tuple(k.shape)} {q.dtype}"
+            )
+        views = []
+        for name, t in tensors.items():
+            want = (B, Q, S, D) if name in ("q", "out", "grad_out") else (B, K, T, D)
+            if tuple(t.shape) != want or t.dtype != torch.bfloat16:
+                raise ValueError(
+                    f"attention backward: {name} must be bf16 {list(want)}, got "
+                    f"{list(t.shape)} {t.dtype}"
+                )
+            views.append(t if t.stride(-1) == 1 else t.contiguous())
+        strides = torch.tensor([s for t in views for s in t.stride()[:3]], dtype=torch.long)
+        lse = lse.float().contiguous()
+        if tuple(lse.shape) != (B, Q, S):
+            raise ValueError(f"attention backward: lse {tuple(lse.shape)} for [{B}, {Q}, {S}]")
+        mask, m_sb = None, 0
+        if attend is not None:
+            if attend.dim() != 3 or attend.shape[0] not in (1, B) or attend.shape[1:] != (S, T):
+                raise ValueError(
+                    f"attention backward: attend {tuple(attend.shape)} for [{B} or 1, {S}, {T}]"
+                )
+            mask = attend.to(torch.uint8).contiguous()
+            m_sb = S * T if mask.shape[0] == B and B > 1 else 0
+        dq = torch.empty(B, Q, S, D, dtype=torch.bfloat16)
+        dk = torch.empty(B, K, T, D, dtype=torch.bfloat16)
+        dv = torch.empty(B, K, T, D, dtype=torch.bfloat16)
+        code = self._fn(
+            *(t.data_ptr() for t in views),
+            strides.data_ptr(),
+            lse.data_ptr(),
+            None if mask is None else mask.data_ptr(),
+            m_sb,
+            dq.data_ptr(),
+            dk.data_ptr(),
+            dv.data_ptr(),
+            B,
+            S,
+            T,
+            Q,
+            K,
+            D,
+            scale,
+        )
+        if code == 1:
+            raise MemoryError("attention backward: the kernel's scratch memory")
+        if code:
+            raise ValueError(f"attention backward: the kernel refused the call (code {code})")
+        return dq, dk, dv
+
+
 _LOADED: dict[str, Any] = {}
 
 
@@ -766,6 +874,15 @@ def prefill_attention() -> PrefillAttention | None:
     """The AMX prefill-attention kernel, as `decode_attention` (None: off or not
     buildable; a loaded one may still not run here: `PrefillAttention.ready`)."""
     kernel: PrefillAttention | None = _load("prefill_attention", PREFILL_SOURCE, PrefillAttention)
+    return kernel
+
+
+def attention_backward() -> AttentionBackward | None:
+    """The AMX attention-backward kernel, as `prefill_attention` (None: off or not
+    buildable; a loaded one may still not run here: `AttentionBackward.ready`)."""
+    kernel: AttentionBackward | None = _load(
+        "attention_backward", ATTENTION_BACKWARD_SOURCE, AttentionBackward
+    )
     return kernel
 
 
