@@ -94,12 +94,23 @@ void copy_rows(const bf16* x, long ld, long n, long NP, long D, bf16* out) {
     }
 }
 
+// 2^t for t >= -126 on 16 lanes, to within 5e-5 relative (a degree-4 polynomial on the
+// fraction): far below the bf16 rounding its products take.
+inline __m512 exp2_bf16(__m512 t) {
+    const __m512 k = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(t, k);  // [-0.5, 0.5]
+    __m512 p = _mm512_set1_ps(9.6181291e-3f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504109e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022651e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, k);
+}
+
 struct Scratch {
     std::vector<bf16> kr, vr, kt, qd, dod, qr, dor;
     std::vector<float> delta, lse, dk, dv, st, dpt, dqt;
     std::vector<bf16> pt, dst, dstv;
-    std::vector<uint8_t> maskt;
-    std::vector<long> last;
 };
 
 template <typename V> void grow(V& v, size_t n) {
@@ -115,7 +126,46 @@ struct Call {
     bf16 *dq, *dk, *dv;
     long B, S, T, Q, K, D;
     float scale;
+    const uint8_t* maskt;  // per mask row: [TP, SP], nonzero = query s sees key t
+    const long* last;      // per mask row: [S], the last key each query sees (-1: none)
 };
+
+// Mask row `m` ([S, T], or none: causal) as `last` and, with a mask, `maskt`.
+void sights(const uint8_t* m, long S, long T, long SP, long TP, uint8_t* maskt, long* last) {
+    for (long s = 0; s < S; s++) {
+        long l = T - S + s;
+        if (m) {
+            l = -1;
+            for (long t = T - 1; t >= 0; t--)
+                if (m[s * T + t]) {
+                    l = t;
+                    break;
+                }
+        }
+        last[s] = l;
+    }
+    if (!m) return;
+    // 16 queries' bytes of one key gathered at a time (4 bytes read at each: the last 3
+    // keys of a row one at a time, not to read past the mask)
+    const __m512i rows = _mm512_mullo_epi32(
+        _mm512_set1_epi32(int(T)),
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    std::memset(maskt, 0, size_t(TP) * SP);
+    for (long s0 = 0; s0 < S; s0 += 16) {
+        const long n = std::min<long>(16, S - s0);
+        const __mmask16 in = n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1);
+        for (long t = 0; t < T; t++) {
+            if (t + 3 < T) {
+                const __m512i g = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), in, rows,
+                                                              m + s0 * T + t, 1);
+                _mm_storeu_si128(reinterpret_cast<__m128i*>(maskt + t * SP + s0),
+                                 _mm512_cvtepi32_epi8(_mm512_and_si512(g, _mm512_set1_epi32(0xff))));
+            } else {
+                for (long i = 0; i < n; i++) maskt[t * SP + s0 + i] = m[(s0 + i) * T + t];
+            }
+        }
+    }
+}
 
 // One (row b, key head h) pair: every query head of its group, every strip.
 void pair(const Call& c, long b, long h, Scratch& w) {
@@ -133,22 +183,9 @@ void pair(const Call& c, long b, long h, Scratch& w) {
     std::fill(w.dk.begin(), w.dk.begin() + TP * D, 0.0f);
     std::fill(w.dv.begin(), w.dv.begin() + TP * D, 0.0f);
     // which keys each query sees: the last one (-1: none), and with a mask its transpose
-    const uint8_t* m = c.mask ? c.mask + b * c.m_sb : nullptr;
-    for (long s = 0; s < S; s++) {
-        long last = T - S + s;
-        if (m) {
-            last = -1;
-            for (long t = T - 1; t >= 0; t--)
-                if (m[s * T + t]) {
-                    last = t;
-                    break;
-                }
-        }
-        w.last[s] = last;
-    }
-    if (m)
-        for (long t = 0; t < TP; t++)
-            for (long s = 0; s < SP; s++) w.maskt[t * SP + s] = (t < T && s < S) ? m[s * T + t] : 0;
+    const long row = c.m_sb ? b : 0;
+    const uint8_t* m = c.mask ? c.maskt + row * TP * SP : nullptr;
+    const long* last = c.last + row * S;
     for (long g = 0; g < G; g++) {
         const long j = h * G + g;
         const bf16* qb = c.q + b * st[0] + j * st[1];
@@ -161,7 +198,7 @@ void pair(const Call& c, long b, long h, Scratch& w) {
         pack_pairs_of_rows(gb, st[14], S, SP, D, w.dor.data());
         for (long s = 0; s < SP; s++) {
             float dl = 0.0f, l = INFINITY;  // l = +inf: p = 0 for the query
-            if (s < S && w.last[s] >= 0 && std::isfinite(lb[s])) {
+            if (s < S && last[s] >= 0 && std::isfinite(lb[s])) {
                 __m512 acc = _mm512_setzero_ps();
                 for (long d = 0; d < D; d += 16)
                     acc = _mm512_fmadd_ps(agentr1::load16(gb + s * st[14] + d),
@@ -170,11 +207,11 @@ void pair(const Call& c, long b, long h, Scratch& w) {
                 l = lb[s];
             }
             w.delta[s] = dl;
-            w.lse[s] = l;
+            w.lse[s] = l * float(M_LOG2E);  // in base 2
         }
         for (long q0 = 0; q0 < S; q0 += QS) {
             long seen = -1;
-            for (long s = q0; s < std::min(S, q0 + QS); s++) seen = std::max(seen, w.last[s]);
+            for (long s = q0; s < std::min(S, q0 + QS); s++) seen = std::max(seen, last[s]);
             if (seen < 0) {  // no query of the strip sees a key: zero dq
                 for (long s = q0; s < std::min(S, q0 + QS); s++)
                     std::memset(c.dq + ((b * c.Q + j) * S + s) * D, 0, size_t(D) * 2);
@@ -209,7 +246,7 @@ void pair(const Call& c, long b, long h, Scratch& w) {
                 _tile_stored(3, w.dpt.data() + kbk * KB * QS + 16, QS * 4);
             }
             // 2. P^T and dS^T (rows past the last block, up to a pair of blocks: zeros)
-            const __m512 sv = _mm512_set1_ps(c.scale);
+            const __m512 sv2 = _mm512_set1_ps(c.scale * float(M_LOG2E));
             for (long t = 0; t < nk32; t++) {
                 for (int half = 0; half < 2; half++) {
                     const long s0 = q0 + half * 16;
@@ -217,7 +254,7 @@ void pair(const Call& c, long b, long h, Scratch& w) {
                     if (t < nblk * KB && t < T) {
                         if (m) {
                             const __m128i a = _mm_loadu_si128(
-                                reinterpret_cast<const __m128i*>(w.maskt.data() + t * SP + s0));
+                                reinterpret_cast<const __m128i*>(m + t * SP + s0));
                             see = _mm_cmpneq_epi8_mask(a, _mm_setzero_si128());
                         } else {
                             // query s sees t when t <= T - S + s, i.e. s >= t - (T - S)
@@ -231,13 +268,13 @@ void pair(const Call& c, long b, long h, Scratch& w) {
                     const long at = t * QS + half * 16;
                     __m512 p = _mm512_setzero_ps(), ds = _mm512_setzero_ps();
                     if (see) {
-                        const __m512 x = _mm512_sub_ps(
-                            _mm512_mul_ps(_mm512_loadu_ps(w.st.data() + at), sv),
-                            _mm512_loadu_ps(w.lse.data() + s0));
-                        // exp of x <= 0 (a query that sees nothing has x = -inf)
+                        // exp(scale s - lse) = 2^(s scale log2(e) - lse log2(e)); a query
+                        // that sees nothing has lse = +inf, so t = -inf
+                        const __m512 t2 = _mm512_fmsub_ps(_mm512_loadu_ps(w.st.data() + at), sv2,
+                                                          _mm512_loadu_ps(w.lse.data() + s0));
                         const __mmask16 under =
-                            _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_LT_OQ);
-                        p = _mm512_maskz_mov_ps(see & ~under, agentr1::exp16(x));
+                            _mm512_cmp_ps_mask(t2, _mm512_set1_ps(-126.0f), _CMP_LT_OQ);
+                        p = _mm512_maskz_mov_ps(see & ~under, exp2_bf16(t2));
                         ds = _mm512_mul_ps(p, _mm512_sub_ps(_mm512_loadu_ps(w.dpt.data() + at),
                                                             _mm512_loadu_ps(w.delta.data() + s0)));
                     }
@@ -302,7 +339,8 @@ void pair(const Call& c, long b, long h, Scratch& w) {
                 _tile_stored(2, w.dqt.data() + (d0 + 16) * QS, QS * 4);
                 _tile_stored(3, w.dqt.data() + (d0 + 16) * QS + 16, QS * 4);
             }
-            // dQ^T's columns gathered into dq's rows, 16 head columns at a time
+            // dQ^T's columns gathered into dq's rows, 16 head columns at a time, scaled
+            const __m512 sv = _mm512_set1_ps(c.scale);
             const __m512i down = _mm512_mullo_epi32(_mm512_set1_epi32(QS),
                                                     _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8,
                                                                       9, 10, 11, 12, 13, 14, 15));
@@ -346,13 +384,30 @@ extern "C" int agentr1_attention_backward_bf16(const bf16* q, const bf16* k, con
                                                bf16* dq, bf16* dk, bf16* dv, int B, int S, int T,
                                                int Q, int K, int D, float scale) {
 #if defined(AGENTR1_AMX)
-    if (!agentr1::amx_permitted() || D % 32 != 0 || Q % K != 0 || S > T || (!mask && S > T))
+    if (!agentr1::amx_permitted() || D % 32 != 0 || Q % K != 0 || S > T)
         return 3;
-    const Call c{q, k, v, o, dout, st, lse, mask, m_sb, dq, dk, dv, B, S, T, Q, K, D, scale};
     const long SP = (S + QS - 1) / QS * QS, TP = (long(T) + 31) / 32 * 32;
+    const long rows = mask && m_sb ? B : 1;
+    // the calling thread's, kept between calls like each thread's scratch below
+    thread_local std::vector<uint8_t> maskt;
+    thread_local std::vector<long> last;
+    try {
+        grow(last, size_t(rows) * S);
+        if (mask) grow(maskt, size_t(rows) * TP * SP);
+    } catch (...) {
+        return 1;
+    }
+    const Call c{q, k, v, o, dout, st, lse, mask, m_sb, dq, dk, dv, B, S, T, Q, K, D, scale,
+                 maskt.data(), last.data()};
+    uint8_t* const mt = maskt.data();
+    long* const lt = last.data();
     int failed = 0;
 #pragma omp parallel
     {
+#pragma omp for schedule(static)
+        for (long r = 0; r < rows; r++)
+            sights(mask ? mask + r * m_sb : nullptr, S, T, SP, TP, mask ? mt + r * TP * SP : nullptr,
+                   lt + r * S);
         // kept between calls (one a layer): no fresh pages each time
         thread_local Scratch w;
         try {
@@ -373,8 +428,6 @@ extern "C" int agentr1_attention_backward_bf16(const bf16* q, const bf16* k, con
             grow(w.pt, TP * QS);
             grow(w.dst, TP * QS);
             grow(w.dstv, TP * QS);
-            grow(w.last, S);
-            if (mask) grow(w.maskt, TP * SP);
         } catch (...) {
 #pragma omp atomic write
             failed = 1;
