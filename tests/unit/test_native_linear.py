@@ -68,6 +68,10 @@ CASES = [
     (1, 200, 64, False, True, True, False),  # one row, Qwen2's q|k|v biases
     (20, 99, 33, False, False, True, True),  # > 16 rows (two row tiles), odd K, N's tail
     (13, 80, 70, True, False, False, False),  # a GLU half of 40 (a block's tail), K % 32
+    # more rows than a chunk (256) and blocks than a group (16), 32-row strips and a tail:
+    # each block's epilogue runs among the next block's products, across strips
+    (300, 1100, 96, False, True, False, True),
+    (290, 1040, 64, True, True, False, False),
 ]
 
 

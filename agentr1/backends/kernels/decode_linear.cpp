@@ -235,16 +235,30 @@ using agentr1::amx_permitted;
 // (R rows x 32 bf16), 3, 4 weights (16 input pairs x 16 outputs x 2).
 inline void configure_tiles(int R) { agentr1::configure_tiles(R, 8, (1u << 3) | (1u << 4)); }
 
+// A block's sums as stored from the tiles, and where they go.
+struct Stored {
+    alignas(64) float acc[32][OUT];
+    long b = 0, m0 = 0;
+    int rows = 0;  // 0: nothing pending
+};
+
 // The sums of R rows (R <= 16, tiles 0 and 1) or 32 rows (two row tiles sharing each
-// weight tile: tiles 0, 1, 5, 6) against one block, left in the tiles.
-inline void multiply_amx(const bf16* x, long KP, const bf16* wb, bool two) {
+// weight tile: tiles 0, 1, 5, 6) against one block, left in the tiles; meanwhile the
+// epilogue of the previous block's stored sums (`pending`), a few rows an input step:
+// spread among the tile products, the vector work and its stores run while they do (run
+// after them, it filled the reorder buffer and the products waited).
+inline void multiply_amx(const bf16* x, long KP, const bf16* wb, bool two, Stored& pending,
+                         const Epi& e) {
     _tile_zero(0);
     _tile_zero(1);
     if (two) {
         _tile_zero(5);
         _tile_zero(6);
     }
-    for (long kp = 0; kp < KP; kp += TILE_PAIRS) {
+    const long steps = KP / TILE_PAIRS;
+    const int rows = pending.rows;
+    int done = 0;
+    for (long kp = 0, step = 1; kp < KP; kp += TILE_PAIRS, step++) {
         _tile_loadd(3, wb + kp * 64, 128);       // outputs 0..15, 16 input pairs
         _tile_loadd(4, wb + kp * 64 + 32, 128);  // outputs 16..31
         _tile_loadd(2, x + 2 * kp, 4 * KP);      // rows of 32 inputs, 2 * KP bf16 apart
@@ -255,15 +269,12 @@ inline void multiply_amx(const bf16* x, long KP, const bf16* wb, bool two) {
             _tile_dpbf16ps(5, 7, 3);
             _tile_dpbf16ps(6, 7, 4);
         }
+        for (const long upto = rows * step / steps; done < upto; done++)
+            finish16(_mm512_load_ps(pending.acc[done]), _mm512_load_ps(pending.acc[done] + 16),
+                     pending.b, pending.m0 + done, e);
     }
+    pending.rows = 0;
 }
-
-// A block's sums as stored from the tiles, and where they go.
-struct Stored {
-    alignas(64) float acc[32][OUT];
-    long b = 0, m0 = 0;
-    int rows = 0;  // 0: nothing pending
-};
 
 inline void store_amx(Stored& s, long b, long m0, int rows) {
     _tile_stored(0, &s.acc[0][0], OUT * 4);
@@ -412,7 +423,9 @@ extern "C" int agentr1_linear_bf16(const bf16* x, long x_sb, long M, long K, con
             // Every element a call reads it writes first: the buffer is grown (never
             // zero-filled again when products of other shapes alternate) and given back
             // when a call needs far less than a large one held (a prefill's, say).
-            const size_t need = size_t(M) * size_t(2 * KP), keep = size_t(16) << 20;
+            // 32 more for the start's alignment: a tile row (64 bytes) read across two
+            // cache lines costs both (a misaligned buffer ran the products 1.3x slower).
+            const size_t need = size_t(M) * size_t(2 * KP) + 32, keep = size_t(16) << 20;
             if (staged.size() > std::max(4 * need, keep)) std::vector<bf16>().swap(staged);
             if (staged.size() < need) staged.resize(need);
         } catch (...) {
@@ -421,7 +434,11 @@ extern "C" int agentr1_linear_bf16(const bf16* x, long x_sb, long M, long K, con
     }
     // (the calling thread's buffer: inside the parallel region `staged` names each
     // thread's own)
-    bf16* buf = in_place ? nullptr : staged.data();
+    bf16* buf = nullptr;
+    if (!in_place) {
+        const uintptr_t at = reinterpret_cast<uintptr_t>(staged.data());
+        buf = staged.data() + ((64 - at % 64) % 64) / sizeof(bf16);
+    }
     const bf16* xs = in_place ? x : buf;
     const int path = isa();
 #pragma omp parallel
@@ -434,9 +451,9 @@ extern "C" int agentr1_linear_bf16(const bf16* x, long x_sb, long M, long K, con
         if (path == 2) {
             // Tile shapes are per thread: one configuration per row count (M <= 16: one).
             int configured = 0;
-            // A block's epilogue (vector instructions) runs while the next block's tile
-            // products are in flight: each block's sums are stored after the previous
-            // block's epilogue, which then reads them one block later.
+            // A block's epilogue (vector instructions) runs among the next block's tile
+            // products (`multiply_amx`): each block's sums are stored after them, and
+            // the next block's products finish them.
             Stored stored[2];
             int cur = 0;
             auto finish = [&](Stored& s) {
@@ -472,8 +489,8 @@ extern "C" int agentr1_linear_bf16(const bf16* x, long x_sb, long M, long K, con
                         const int R = rows > 16 ? 16 : rows;
                         for (long b = g * per; b < b_end; b++) {
                             if (R != configured) configure_tiles(configured = R);
-                            multiply_amx(xs + m0 * 2 * KP, KP, wp + b * KP * 64, rows > 16);
-                            finish(stored[cur ^ 1]);
+                            multiply_amx(xs + m0 * 2 * KP, KP, wp + b * KP * 64, rows > 16,
+                                         stored[cur ^ 1], e);
                             store_amx(stored[cur], b, m0, rows);
                             cur ^= 1;
                         }
