@@ -94,19 +94,6 @@ void copy_rows(const bf16* x, long ld, long n, long NP, long D, bf16* out) {
     }
 }
 
-// 2^t for t >= -126 on 16 lanes, to within 5e-5 relative (a degree-4 polynomial on the
-// fraction): far below the bf16 rounding its products take.
-inline __m512 exp2_bf16(__m512 t) {
-    const __m512 k = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 f = _mm512_sub_ps(t, k);  // [-0.5, 0.5]
-    __m512 p = _mm512_set1_ps(9.6181291e-3f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504109e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022651e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, k);
-}
-
 struct Scratch {
     std::vector<bf16> kr, vr, kt, qd, dod, qr, dor;
     std::vector<float> delta, lse, dk, dv, st, dpt, dqt;
@@ -274,7 +261,7 @@ void pair(const Call& c, long b, long h, Scratch& w) {
                                                           _mm512_loadu_ps(w.lse.data() + s0));
                         const __mmask16 under =
                             _mm512_cmp_ps_mask(t2, _mm512_set1_ps(-126.0f), _CMP_LT_OQ);
-                        p = _mm512_maskz_mov_ps(see & ~under, exp2_bf16(t2));
+                        p = _mm512_maskz_mov_ps(see & ~under, agentr1::exp2_16(t2));
                         ds = _mm512_mul_ps(p, _mm512_sub_ps(_mm512_loadu_ps(w.dpt.data() + at),
                                                             _mm512_loadu_ps(w.delta.data() + s0)));
                     }

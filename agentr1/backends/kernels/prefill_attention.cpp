@@ -7,9 +7,9 @@
 // always its own column (a padding query then attends to itself: finite, never read).
 // Per tile of 16 queries of one head:
 //   1. scores = q k^T, 16 keys at a time (TDPBF16PS over D in steps of 32), float32;
-//   2. softmax in float32: scaled, masked, the row's maximum subtracted, exp; the
-//      unnormalised weights rounded to bf16 (the normalisation is applied to the output in
-//      float32);
+//   2. softmax in float32: scaled, masked, the row's maximum subtracted, exp (2^t by a
+//      polynomial within 5e-5, 16 columns at a time to the last); the unnormalised
+//      weights rounded to bf16 (the normalisation is applied to the output in float32);
 //   3. out = weights v, 32 keys at a time into D / 16 tiles of 16 columns, divided by the
 //      row's sum, rounded once to bf16.
 // Only the key blocks up to the tile's last query's column are visited.
@@ -124,12 +124,13 @@ void tile(const bf16* q, long q_ss, long s0, int R, long S, long T, long TP, lon
     }
     const long used = (blocks * TK + 31) / 32 * 32;  // keys the weights cover (pairs of 16)
     float sums[TQ];
+    const __m512 sv_scale = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-INFINITY);
+    const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
     for (int r = 0; r < R; r++) {  // 2. softmax, unnormalised
         const long p = T - S + s0 + r;
         float* row = sc + r * TP;
         // scaled; -inf where not seen (not attended, or past p: only the last 16 can be)
-        __m512 mx = _mm512_set1_ps(-INFINITY);
-        const __m512 sv_scale = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-INFINITY);
+        __m512 mx = ninf;
         for (long c = 0; c <= p; c += 16) {
             const __mmask16 in = c + 16 <= p + 1 ? __mmask16(0xffff)
                                                  : __mmask16((1u << (p + 1 - c)) - 1);
@@ -137,31 +138,25 @@ void tile(const bf16* q, long q_ss, long s0, int R, long S, long T, long TP, lon
             __mmask16 seen = _mm_mask_cmpneq_epi8_mask(in, a, _mm_setzero_si128());
             if (p - c < 16) seen |= __mmask16(1u << (p - c));  // its own column
             const __m512 v = _mm512_mask_mul_ps(ninf, seen, _mm512_loadu_ps(row + c), sv_scale);
-            _mm512_mask_storeu_ps(row + c, in, v);
+            _mm512_storeu_ps(row + c, v);  // (the block is whole: TP columns a row)
             mx = _mm512_max_ps(mx, v);
         }
-        const float m = _mm512_reduce_max_ps(mx);
-        const __m512 mv = _mm512_set1_ps(m);
+        // exp(x - m) = 2^(x log2(e) - m log2(e)), 0 below 2^-126 (-inf included), the
+        // last block's columns past p too; within 5e-5 of exp, below the bf16 rounding
+        const __m512 ml = _mm512_mul_ps(_mm512_set1_ps(_mm512_reduce_max_ps(mx)), log2e);
         __m512 sv = _mm512_setzero_ps();
         bf16* wr = w + r * TP;
         long c = 0;
-        for (; c + 16 <= p + 1; c += 16) {
-            // exp of x <= 0, 0 below -87 (a masked column's -inf included)
-            const __m512 x = _mm512_sub_ps(_mm512_loadu_ps(row + c), mv);
-            const __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_LT_OQ);
-            const __m512 e = _mm512_maskz_mov_ps(~under, agentr1::exp16(x));
-            const __m256i h = bf16x16(e);
+        for (; c <= p; c += 16) {
+            const __m512 t = _mm512_fmsub_ps(_mm512_loadu_ps(row + c), log2e, ml);
+            const __mmask16 under = _mm512_cmp_ps_mask(t, _mm512_set1_ps(-126.0f), _CMP_LT_OQ);
+            const __m256i h = bf16x16(_mm512_maskz_mov_ps(~under, agentr1::exp2_16(t)));
             sv = _mm512_add_ps(sv, agentr1::widen16(h));
             _mm256_storeu_si256(reinterpret_cast<__m256i*>(wr + c), h);
         }
-        float s = _mm512_reduce_add_ps(sv);
-        for (; c <= p; c++) {
-            const bf16 h = agentr1::to_bf16(std::exp(row[c] - m));
-            s += agentr1::load(h);
-            wr[c] = h;
-        }
-        for (; c < used; c++) wr[c] = 0;
-        sums[r] = s;
+        for (; c < used; c += 16)
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(wr + c), _mm256_setzero_si256());
+        sums[r] = _mm512_reduce_add_ps(sv);
     }
     for (int r = R; r < TQ; r++) sums[r] = 1.0f;
     for (long cb0 = 0; cb0 < D / 16; cb0 += 4) {  // 3. weights x values, 4 column tiles
