@@ -139,9 +139,9 @@ void stage(const bf16* x, long x_sb, long m, long K, long KP, const bf16* norm, 
 #if defined(__AVX512F__)
         const __m512 r = _mm512_set1_ps(rstd);
         for (; k + 16 <= K; k += 16) {
-            const __m256i h = agentr1::to_bf16x16(_mm512_mul_ps(agentr1::load16(xr + k), r));
+            const __m256i h = agentr1::to_bf16x16_fast(_mm512_mul_ps(agentr1::load16(xr + k), r));
             const __m512 y = _mm512_mul_ps(agentr1::load16(norm + k), agentr1::widen16(h));
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + k), agentr1::to_bf16x16(y));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + k), agentr1::to_bf16x16_fast(y));
         }
 #endif
         for (; k < K; k++) dst[k] = to_bf16(load(norm[k]) * load(to_bf16(load(xr[k]) * rstd)));
