@@ -443,7 +443,17 @@ extern "C" int agentr1_linear_bf16(const bf16* x, long x_sb, long M, long K, con
     const int path = isa();
 #pragma omp parallel
     {
-        if (!in_place) {
+#if defined(_OPENMP)
+        const long threads = omp_get_num_threads(), tid = omp_get_thread_num();
+#else
+        const long threads = 1, tid = 0;
+#endif
+        // A prefill's many rows: each thread its own rows, against every block, staging
+        // them itself (no barrier between the staging and the products, and no rows
+        // staged in the other core's cache). Decode's few rows: each thread a share of
+        // the blocks.
+        const bool by_rows = path == 2 && M >= 64 * threads;
+        if (!in_place && !by_rows) {
 #pragma omp for schedule(static)
             for (long m = 0; m < M; m++) stage(x, x_sb, m, K, KP, norm, eps, buf);
         }
@@ -464,39 +474,45 @@ extern "C" int agentr1_linear_bf16(const bf16* x, long x_sb, long M, long K, con
             };
             // GEMM blocking: a group of GROUP blocks' weights stays in this core's L2
             // while chunks of CHUNK rows pass, 32 rows at a time against each block of the
-            // group (those rows' inputs in L1). A thread takes a run of (group, chunk)
-            // pairs: at decode's few rows, a share of the groups.
+            // group (those rows' inputs in L1).
+            auto run = [&](long b0, long b1, long m_begin, long m_end) {
+                for (long m0 = m_begin; m0 < m_end;) {
+                    const long left = m_end - m0;
+                    const int rows = int(left >= 32 ? 32 : left < 16 ? left : 16);
+                    const int R = rows > 16 ? 16 : rows;
+                    for (long b = b0; b < b1; b++) {
+                        if (R != configured) configure_tiles(configured = R);
+                        multiply_amx(xs + m0 * 2 * KP, KP, wp + b * KP * 64, rows > 16,
+                                     stored[cur ^ 1], e);
+                        store_amx(stored[cur], b, m0, rows);
+                        cur ^= 1;
+                    }
+                    m0 += rows;
+                }
+            };
             const long chunks = (M + CHUNK - 1) / CHUNK;
-#if defined(_OPENMP)
-            const long threads = omp_get_num_threads();
-#else
-            const long threads = 1;
-#endif
             // Groups of equal size (the work splits evenly), at most GROUP blocks; with
             // fewer chunks than threads (decode), at least one group a thread.
             long groups = (nb + GROUP - 1) / GROUP;
-            if (chunks < threads) groups = std::max(groups, std::min(nb, threads));
+            if (!by_rows && chunks < threads) groups = std::max(groups, std::min(nb, threads));
             const long per = (nb + groups - 1) / groups;
             groups = (nb + per - 1) / per;
+            if (by_rows) {
+                const long share = ((M + threads - 1) / threads + 31) / 32 * 32;
+                const long r0 = std::min(M, tid * share), r1 = std::min(M, r0 + share);
+                if (!in_place)
+                    for (long m = r0; m < r1; m++) stage(x, x_sb, m, K, KP, norm, eps, buf);
+                for (long g = 0; g < groups; g++)
+                    for (long c0 = r0; c0 < r1; c0 += CHUNK)
+                        run(g * per, std::min(nb, (g + 1) * per), c0, std::min(r1, c0 + CHUNK));
+            } else {
+                // a thread takes a run of (group, chunk) pairs: at decode's few rows, a
+                // share of the groups
 #pragma omp for collapse(2) schedule(static)
-            for (long g = 0; g < groups; g++) {
-                for (long c = 0; c < chunks; c++) {
-                    const long b_end = (g + 1) * per < nb ? (g + 1) * per : nb;
-                    const long end = (c + 1) * CHUNK < M ? (c + 1) * CHUNK : M;
-                    for (long m0 = c * CHUNK; m0 < end;) {
-                        const long left = end - m0;
-                        const int rows = int(left >= 32 ? 32 : left < 16 ? left : 16);
-                        const int R = rows > 16 ? 16 : rows;
-                        for (long b = g * per; b < b_end; b++) {
-                            if (R != configured) configure_tiles(configured = R);
-                            multiply_amx(xs + m0 * 2 * KP, KP, wp + b * KP * 64, rows > 16,
-                                         stored[cur ^ 1], e);
-                            store_amx(stored[cur], b, m0, rows);
-                            cur ^= 1;
-                        }
-                        m0 += rows;
-                    }
-                }
+                for (long g = 0; g < groups; g++)
+                    for (long c = 0; c < chunks; c++)
+                        run(g * per, std::min(nb, (g + 1) * per), c * CHUNK,
+                            std::min(M, (c + 1) * CHUNK));
             }
             finish(stored[cur ^ 1]);
             if (configured) _tile_release();
