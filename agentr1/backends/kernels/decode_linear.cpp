@@ -23,9 +23,10 @@
 //   1  AVX512-BF16 (VDPBF16PS: pairs of bf16 products added into float32 lanes), rows
 //      8 at a time in registers against a block;
 //   0  plain loops (correct, slow).
-// W is read once a call whatever the number of rows M: each block of 32 outputs is taken
-// against every row while its weights are in cache, so at decode's few rows the call
-// streams W from memory, and at many rows it is a blocked GEMM.
+// W is read once a call at decode's few rows (each thread a share of the blocks, each
+// block taken against every row while its weights are in cache: the call streams W from
+// memory); at a prefill's many rows, once a thread (each thread its own rows against every
+// block: a blocked GEMM).
 //
 // Packed layout (agentr1_pack_bf16): blocks of 32 outputs; for each pair of inputs
 // (2kp, 2kp + 1) a block holds [32 outputs][2 inputs] bf16, so one 64-byte load gives 16
