@@ -243,6 +243,12 @@ struct Stored {
     int rows = 0;  // 0: nothing pending
 };
 
+// The epilogue of a block's stored rows [from, to).
+inline void finish_rows(const Stored& s, int from, int to, const Epi& e) {
+    for (int r = from; r < to; r++)
+        finish16(_mm512_load_ps(s.acc[r]), _mm512_load_ps(s.acc[r] + 16), s.b, s.m0 + r, e);
+}
+
 // The sums of R rows (R <= 16, tiles 0 and 1) or 32 rows (two row tiles sharing each
 // weight tile: tiles 0, 1, 5, 6) against one block, left in the tiles; meanwhile the
 // epilogue of the previous block's stored sums (`pending`), a few rows an input step:
@@ -270,9 +276,9 @@ inline void multiply_amx(const bf16* x, long KP, const bf16* wb, bool two, Store
             _tile_dpbf16ps(5, 7, 3);
             _tile_dpbf16ps(6, 7, 4);
         }
-        for (const long upto = rows * step / steps; done < upto; done++)
-            finish16(_mm512_load_ps(pending.acc[done]), _mm512_load_ps(pending.acc[done] + 16),
-                     pending.b, pending.m0 + done, e);
+        const int upto = int(rows * step / steps);
+        finish_rows(pending, done, upto, e);
+        done = upto;
     }
     pending.rows = 0;
 }
@@ -467,12 +473,6 @@ extern "C" int agentr1_linear_bf16(const bf16* x, long x_sb, long M, long K, con
             // the next block's products finish them.
             Stored stored[2];
             int cur = 0;
-            auto finish = [&](Stored& s) {
-                for (int r = 0; r < s.rows; r++)
-                    finish16(_mm512_load_ps(s.acc[r]), _mm512_load_ps(s.acc[r] + 16), s.b,
-                             s.m0 + r, e);
-                s.rows = 0;
-            };
             // GEMM blocking: a group of GROUP blocks' weights stays in this core's L2
             // while chunks of CHUNK rows pass, 32 rows at a time against each block of the
             // group (those rows' inputs in L1).
@@ -515,7 +515,7 @@ extern "C" int agentr1_linear_bf16(const bf16* x, long x_sb, long M, long K, con
                         run(g * per, std::min(nb, (g + 1) * per), c * CHUNK,
                             std::min(M, (c + 1) * CHUNK));
             }
-            finish(stored[cur ^ 1]);
+            finish_rows(stored[cur ^ 1], 0, stored[cur ^ 1].rows, e);
             if (configured) _tile_release();
         }
 #endif
