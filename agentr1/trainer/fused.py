@@ -100,17 +100,24 @@ class _Remade:
             self.made[key] = (weakref.ref(out), out._version, _Remake(fn, args))
 
     def pack(self, t: torch.Tensor) -> Any:
+        # Every other tensor is kept as a detached alias (its memory and version counter,
+        # no grad_fn), never as itself: a tensor an op saves may be that op's own output
+        # (exp, softmax, attention), and a pack that returns it makes a cycle through the
+        # autograd graph (node -> saved tensor -> its grad_fn -> node) that Python's
+        # collector cannot see. A backward releases the saved tensors and breaks it; a
+        # forward without one (a non-finite loss skips the backward, `_accumulate`)
+        # would keep its whole graph alive for good, a few GB a micro-batch.
         if type(t) is not torch.Tensor or t.layout != torch.strided or not self.made:
-            return t
+            return t.detach()
         entry = self.made.get(t.untyped_storage().data_ptr())
         if entry is None:
-            return t
+            return t.detach()
         ref, version, remake = entry
         out = ref()
         # A live output owns its memory, so t is a view of it (a dead one's memory may
         # hold another tensor now); unchanged since the kernel wrote it.
         if out is None or out._version != version or t._version != version:
-            return t
+            return t.detach()
         return remake, t.size(), t.stride(), t.storage_offset()
 
     @staticmethod

@@ -5,6 +5,8 @@ kernels compute them."""
 
 from __future__ import annotations
 
+import gc
+import weakref
 from contextlib import nullcontext
 from typing import Any
 
@@ -370,4 +372,38 @@ def test_a_dead_outputs_memory_is_not_taken_for_it() -> None:
     entry = remade.made.pop(key)
     del stand_in  # its weak reference dies; suppose t now lives at its address
     remade.made[t.untyped_storage().data_ptr()] = entry
-    assert remade.pack(t) is t
+    kept = remade.pack(t)
+    assert isinstance(kept, torch.Tensor) and kept.data_ptr() == t.data_ptr()
+
+
+def test_an_op_that_saves_its_own_output_makes_no_cycle() -> None:
+    x = torch.randn(4, 8, requires_grad=True)
+    with fused.remade_outputs() as on:
+        assert on
+        y = x.exp()  # exp's backward keeps its output
+        dead = weakref.ref(y)
+        del y
+    gc.collect()
+    assert dead() is None
+
+
+def test_a_forward_without_a_backward_frees_its_graph() -> None:
+    # A non-finite loss skips the backward (`trainer.update._accumulate`): the forward's
+    # activations must go with its loss, not stay in a cycle through the graph.
+    model = tiny_llama(layers=2)
+    outputs: list[weakref.ref[torch.Tensor]] = []
+
+    def keep(module: Any, args: Any, out: Any) -> None:
+        for t in out if isinstance(out, tuple) else (out,):
+            if isinstance(t, torch.Tensor) and t.requires_grad:
+                outputs.append(weakref.ref(t))
+
+    handles = [m.register_forward_hook(keep) for m in model.modules()]
+    ids = torch.randint(4, 64, (3, 20), generator=torch.Generator().manual_seed(0))
+    lp, _ = token_logprobs(model, ids, torch.ones_like(ids), torch.ones_like(ids))
+    for h in handles:
+        h.remove()
+    assert lp.requires_grad and len(outputs) > 10
+    del lp, _
+    gc.collect()
+    assert [r for r in outputs if r() is not None] == []
