@@ -12,10 +12,11 @@ Five runs, one process each, one after the other (RSS is each process's own peak
 
 - ``agentr1-fp32``: fp32 weights, compute and sampler, full fine-tuning;
 - ``agentr1-fast``: bf16 autocast, a bf16 sampler copy, LoRA r16, and passes of up to
-  4096 tokens (``optim.micro_batch_tokens``; the recipe's 1024 bounds the fp32 update,
+  2560 tokens (``optim.micro_batch_tokens``; the recipe's 1024 bounds the fp32 update,
   whose weights' gradients and AdamW moments take 1.6 GiB this one does not have): a
   group's 4 rows run as one pass and compute their shared prompt once, where at 1024
-  each row ran alone and computed it itself (the same gradient either way);
+  each row ran alone and computed it itself (the same gradient either way; 4096 was
+  faster still but took the peak RSS past half TRL's: benchmarks/RESULTS.md);
 - ``agentr1-fp32-ckpt``, ``agentr1-fast-ckpt``: the same with activation checkpointing
   (``optim.activation_checkpointing``), as TRL runs by default;
 - ``trl-fp32``: TRL 1.16's GRPOTrainer with its defaults (gradient checkpointing on, loss
@@ -72,7 +73,7 @@ SETTINGS = {
         "model.compute_dtype=bfloat16",
         "model.sampler_dtype=bfloat16",
         "model.lora.rank=16",
-        "optim.micro_batch_tokens=4096",
+        "optim.micro_batch_tokens=2560",
     ),
     "agentr1-fp32-ckpt": (
         "model.compute_dtype=float32",
@@ -83,7 +84,7 @@ SETTINGS = {
         "model.compute_dtype=bfloat16",
         "model.sampler_dtype=bfloat16",
         "model.lora.rank=16",
-        "optim.micro_batch_tokens=4096",
+        "optim.micro_batch_tokens=2560",
         "optim.activation_checkpointing=true",
     ),
     "trl-fp32": (),

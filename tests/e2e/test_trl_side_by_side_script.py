@@ -32,7 +32,7 @@ def test_every_setting_is_a_valid_recipe_override(setting: str) -> None:
     assert (cfg.train.tasks_per_step, cfg.rollout.n_samples) == (side.QUESTIONS, side.SAMPLES)
     if setting.startswith("agentr1-fast"):
         assert cfg.model.lora.rank == 16 and cfg.model.compute_dtype == "bfloat16"
-        assert cfg.optim.micro_batch_tokens == 4096  # a group's rows in one pass
+        assert cfg.optim.micro_batch_tokens == 2560  # a group's rows in one pass
     else:
         assert cfg.optim.micro_batch_tokens == 1024  # the recipe's: the fp32 update's memory
     assert cfg.optim.activation_checkpointing == setting.endswith("-ckpt")
