@@ -67,26 +67,19 @@ COMMON = (
 )
 """What both sides share: the steps' questions (a seeded pick of two training questions,
 each step takes both), the group, no KL, one optimizer step a batch."""
+FP32 = ("model.compute_dtype=float32", "model.sampler_dtype=same")
+FAST = (
+    "model.compute_dtype=bfloat16",
+    "model.sampler_dtype=bfloat16",
+    "model.lora.rank=16",
+    "optim.micro_batch_tokens=2560",
+)
+CKPT = "optim.activation_checkpointing=true"
 SETTINGS = {
-    "agentr1-fp32": ("model.compute_dtype=float32", "model.sampler_dtype=same"),
-    "agentr1-fast": (
-        "model.compute_dtype=bfloat16",
-        "model.sampler_dtype=bfloat16",
-        "model.lora.rank=16",
-        "optim.micro_batch_tokens=2560",
-    ),
-    "agentr1-fp32-ckpt": (
-        "model.compute_dtype=float32",
-        "model.sampler_dtype=same",
-        "optim.activation_checkpointing=true",
-    ),
-    "agentr1-fast-ckpt": (
-        "model.compute_dtype=bfloat16",
-        "model.sampler_dtype=bfloat16",
-        "model.lora.rank=16",
-        "optim.micro_batch_tokens=2560",
-        "optim.activation_checkpointing=true",
-    ),
+    "agentr1-fp32": FP32,
+    "agentr1-fast": FAST,
+    "agentr1-fp32-ckpt": (*FP32, CKPT),
+    "agentr1-fast-ckpt": (*FAST, CKPT),
     "trl-fp32": (),
 }
 KEYS = ("rollout_s", "update_s", "step_s", "tokens", "sampled_tokens", "searches")

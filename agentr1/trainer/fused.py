@@ -107,18 +107,16 @@ class _Remade:
         # collector cannot see. A backward releases the saved tensors and breaks it; a
         # forward without one (a non-finite loss skips the backward, `_accumulate`)
         # would keep its whole graph alive for good, a few GB a micro-batch.
-        if type(t) is not torch.Tensor or t.layout != torch.strided or not self.made:
-            return t.detach()
-        entry = self.made.get(t.untyped_storage().data_ptr())
-        if entry is None:
-            return t.detach()
-        ref, version, remake = entry
-        out = ref()
-        # A live output owns its memory, so t is a view of it (a dead one's memory may
-        # hold another tensor now); unchanged since the kernel wrote it.
-        if out is None or out._version != version or t._version != version:
-            return t.detach()
-        return remake, t.size(), t.stride(), t.storage_offset()
+        plain = type(t) is torch.Tensor and t.layout == torch.strided
+        entry = self.made.get(t.untyped_storage().data_ptr()) if plain and self.made else None
+        if entry is not None:
+            ref, version, remake = entry
+            out = ref()
+            # A live output owns its memory, so t is a view of it (a dead one's memory may
+            # hold another tensor now); unchanged since the kernel wrote it.
+            if out is not None and out._version == version and t._version == version:
+                return remake, t.size(), t.stride(), t.storage_offset()
+        return t.detach()
 
     @staticmethod
     def unpack(packed: Any) -> torch.Tensor:
