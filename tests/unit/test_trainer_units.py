@@ -209,7 +209,10 @@ def test_critic_shares_the_prefix_too() -> None:
     real[:, 0] = False
     plain = torch.zeros_like(v)
     plain[:, 1:] = critic.v_head(h[:, :-1]).squeeze(-1)
-    torch.testing.assert_close(v[real], plain[real], atol=1e-5, rtol=1e-5)
+    # equal up to float rounding, relative to the values' scale (the shared prefix sums
+    # its attention in another order: a few ulps of the largest value on some CPUs)
+    scale = float(plain[real].abs().max())
+    torch.testing.assert_close(v[real], plain[real], atol=1e-5 * max(scale, 1.0), rtol=1e-5)
 
 
 def test_critic_values_align_with_previous_hidden_state() -> None:
