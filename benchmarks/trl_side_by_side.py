@@ -163,26 +163,36 @@ def median_later(rows: list[dict[str, float]]) -> dict[str, float]:
 # --- agentr1 ---------------------------------------------------------------------------
 
 
+def setting_config(
+    setting: str, model: str, steps: int, run_dir: str, overrides: list[str], recipe: str = ""
+) -> Any:
+    """The recipe (``recipe``, default `RECIPE`) with ``overrides``, `COMMON` and
+    ``setting``'s settings, run in ``run_dir`` for ``steps`` RL steps plus the one the run
+    stops before (`train`'s ``stop_after``)."""
+    from agentr1.config import load_config
+
+    return load_config(
+        recipe or str(RECIPE),
+        [
+            *overrides,
+            *COMMON,
+            *SETTINGS[setting],
+            f"model.path={model}",
+            f"train.steps={steps + 1}",
+            f"train.run_dir={run_dir}",
+        ],
+    )
+
+
 def run_agentr1(setting: str, model: str, steps: int, overrides: list[str]) -> dict[str, Any]:
     """One agentr1 setting through the real training loop; its per-step rows and RSS."""
     import tempfile
 
-    from agentr1.config import load_config
     from agentr1.trainer.loop import train
     from agentr1.trainer.run import metric_records
 
     with tempfile.TemporaryDirectory(prefix="side_by_side_") as tmp:
-        cfg = load_config(
-            str(RECIPE),
-            [
-                *overrides,
-                *COMMON,
-                *SETTINGS[setting],
-                f"model.path={model}",
-                f"train.steps={steps + 1}",
-                f"train.run_dir={tmp}",
-            ],
-        )
+        cfg = setting_config(setting, model, steps, tmp, overrides)
         with PhaseRSS() as phases:
             train(cfg, stop_after=steps)  # stops before the final eval
         records = metric_records(Path(tmp), "rl")

@@ -39,8 +39,6 @@ from typing import Any
 import trl_side_by_side as sbs
 from grpo_step import check_warm_start
 
-from agentr1.config import load_config
-
 
 @dataclasses.dataclass
 class Captured:
@@ -176,16 +174,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ap.error(f"--caps takes integers separated by commas, got {args.caps!r}")
     check_warm_start(ap, args.model)
     with tempfile.TemporaryDirectory(prefix="update_replay_") as tmp:
-        cfg = load_config(
-            args.recipe,
-            [
-                *args.overrides,
-                *sbs.COMMON,
-                *sbs.SETTINGS[args.setting],
-                f"model.path={args.model}",
-                f"train.steps={args.capture_step + 1}",
-                f"train.run_dir={tmp}",
-            ],
+        cfg = sbs.setting_config(
+            args.setting, args.model, args.capture_step, tmp, args.overrides, args.recipe
         )
         c = capture(cfg, args.capture_step)
         batch = c.args[1].input_ids_BT
