@@ -38,6 +38,10 @@ class TinyModelConfig:
     pretokenizer: Literal["words", "bytelevel"] = "bytelevel"
     """"words": whitespace is its own token, so a name is the same tokens after a space,
     a quote or a tag; "bytelevel": GPT-2 style, a word carries its leading space."""
+    split_digits: bool = False
+    """Every digit its own token (SmolLM2's and Llama's tokenizers do the same): a tiny
+    model copies a number digit by digit from ten well-trained tokens, where one token per
+    number leaves it hundreds of rare ones to copy."""
     max_positions: int = 1024
     """Longest episode (prompt + turns + tool responses) the model can see."""
 

@@ -18,10 +18,16 @@ from agentr1.templates import QWEN25_TOOLS
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int, pretokenizer: str = "words") -> Any:
+def train_tokenizer(
+    texts: Iterable[str], vocab_size: int, pretokenizer: str = "words", split_digits: bool = False
+) -> Any:
     """Train a byte-level BPE with ChatML special tokens; returns a PreTrainedTokenizerFast.
 
     ``pretokenizer`` is "words" (whitespace isolated, see below) or "bytelevel" (GPT-2).
+    ``split_digits`` makes every digit a token of its own, as SmolLM2's and Llama's
+    tokenizers do: a number is then written from the ten digit tokens, each seen thousands
+    of times, instead of being one of hundreds of number tokens a tiny model sees a few
+    times each (and cannot learn to copy reliably).
     """
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -42,6 +48,9 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, pretokenizer: str = "
         )
     else:
         raise ValueError(f"pretokenizer must be 'words' or 'bytelevel', got {pretokenizer!r}")
+    if split_digits:
+        digits = pre_tokenizers.Digits(individual_digits=True)
+        tok.pre_tokenizer = pre_tokenizers.Sequence([tok.pre_tokenizer, digits])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -99,7 +108,7 @@ def build_and_save(out_dir: str | Path, texts: Iterable[str], tiny: Any, seed: i
     """Train the tokenizer, build the model (``tiny``: a TinyModelConfig), save both."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tok = train_tokenizer(texts, tiny.vocab_size, tiny.pretokenizer)
+    tok = train_tokenizer(texts, tiny.vocab_size, tiny.pretokenizer, tiny.split_digits)
     model = build_tiny_llama(
         vocab_size=len(tok),
         hidden_size=tiny.hidden_size,

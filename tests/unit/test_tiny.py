@@ -41,3 +41,18 @@ def test_words_pretokenizer_keeps_names_identical_in_every_context() -> None:
 def test_unknown_pretokenizer_is_rejected() -> None:
     with pytest.raises(ValueError, match="pretokenizer must be"):
         train_tokenizer(TEXTS, 400, "chars")
+
+
+@pytest.mark.parametrize("pre", ["words", "bytelevel"])
+def test_split_digits_writes_every_number_from_the_ten_digit_tokens(pre: str) -> None:
+    texts = ["Mia has 12 apples and 143 coins.", "<tool_response>\n36\n</tool_response>"] * 20
+    tok = train_tokenizer(texts, 400, pre, split_digits=True)
+    for text in [*texts[:2], "<answer>36</answer>", "unseen 90817 x"]:
+        ids = tok.encode(text, add_special_tokens=False)
+        assert tok.decode(ids) == text
+        pieces = [tok.decode([i]) for i in ids]
+        assert all(len(p) == 1 for p in pieces if any(c.isdigit() for c in p)), pieces
+    # without it, BPE merges frequent numbers into tokens of their own
+    merged = train_tokenizer(texts, 400, pre)
+    pieces = [merged.decode([i]) for i in merged.encode(texts[0], add_special_tokens=False)]
+    assert any(sum(c.isdigit() for c in p) > 1 for p in pieces), pieces
