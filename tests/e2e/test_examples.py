@@ -91,8 +91,11 @@ def test_the_arithmetic_solver_runs_code_in_the_sandbox() -> None:
 @pytest.mark.slow
 def test_the_arithmetic_example_learns_to_compute_with_the_tool(tmp_path: Path) -> None:
     """SFT on demonstrations that give up half the time, then GRPO: the policy learns to
-    run code instead (its training reward and its held-out accuracy rise). About 3 minutes
-    on 2 cores; seen: reward 0.2 -> 0.9, greedy test accuracy 0.00 -> 0.98."""
+    run code instead (its training reward and its held-out accuracy rise). 3-6 minutes on
+    2 cores; seen on seeds 0, 1, 3 (benchmarks/RESULTS.md): reward 0.14-0.25 -> 0.85-0.92,
+    greedy test accuracy 0.00 -> 0.92-0.98. Seed 2 fails on the AMD EPYC: its warm start
+    never learns to copy the tool's result into the answer, which RL cannot fix in 40
+    steps (issue 28's notes: the example's learning is not yet robust across seeds)."""
     run = tmp_path / "run"
     summary = example("arithmetic_python").main(["--run-dir", str(run), "eval.max_tasks=50"])
     rows = [json.loads(x) for x in (run / "metrics.jsonl").open()]
