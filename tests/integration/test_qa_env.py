@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -203,12 +202,13 @@ def test_splits_are_disjoint_and_a_shared_file_is_held_out(tmp_path: Path) -> No
 
 def save_tiny_chatml_model(path: Path) -> Path:
     """A random 1-layer Llama with a ChatML BPE tokenizer, saved as a HF directory (~0.2 s)."""
+    from agentr1.config import TinyModelConfig
     from agentr1.tasks.multihop_qa.baselines import NAIVE_RAG_SYSTEM_PROMPT
     from agentr1.tiny import build_and_save
 
     texts = [QA_SYSTEM_PROMPT, NAIVE_RAG_SYSTEM_PROMPT]
     texts += [json.dumps(ircot_record(i)) for i in range(5)]
-    shape = SimpleNamespace(
+    shape = TinyModelConfig(
         vocab_size=400,
         pretokenizer="words",
         hidden_size=32,
