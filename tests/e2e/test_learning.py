@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from agentr1.config import load_config
-from agentr1.trainer.loop import rl_step
+from agentr1.trainer.loop import close_run, rl_step
 from agentr1.trainer.run import RunDir
-from agentr1.trainer.setup import build_setup
+from agentr1.trainer.setup import Setup, build_setup
 from agentr1.trainer.sft import warm_start
 from agentr1.trainer.state import make_state
 
@@ -47,22 +47,40 @@ CFG = [
 ]
 
 
-@pytest.mark.slow
-def test_grpo_teaches_the_second_search(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def teach_second_search(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, overrides: tuple[str, ...] = ()
+) -> tuple[Setup, list[float], list[float]]:
+    """`CFG` (plus ``overrides``): the warm start, then 30 GRPO steps on the 2-hop training
+    questions; the setup, each step's mean reward and mean searches per episode."""
     monkeypatch.setenv("AGENTR1_CACHE", str(tmp_path / "cache"))
-    cfg = load_config(None, [*CFG, f"train.run_dir={tmp_path / 'run'}"])
+    cfg = load_config(None, [*CFG, *overrides, f"train.run_dir={tmp_path / 'run'}"])
     setup = build_setup(cfg)
     run = RunDir(cfg.train.run_dir, cfg, fresh=True)
     warm_start(setup, run)
     setup.tasks["train"] = [t for t in setup.tasks["train"] if t.metadata["hops"] == 2]
     state = make_state(setup)
     rewards, searches = [], []
-    for _ in range(30):
-        metrics = rl_step(state, run)
-        rewards.append(metrics["reward"])
-        searches.append(metrics["tool_calls"])
-        state.step += 1
+    try:
+        for _ in range(30):
+            metrics = rl_step(state, run)
+            assert metrics["skipped_updates"] == 0, metrics
+            rewards.append(metrics["reward"])
+            searches.append(metrics["tool_calls"])
+            state.step += 1
+    finally:
+        close_run(run, state)
+    return setup, rewards, searches
+
+
+def assert_learned_the_second_search(rewards: list[float], searches: list[float]) -> None:
+    """The reward rose by a clear margin, because the policy learned to search twice."""
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     assert last > first + 0.25, f"reward did not rise: {[round(r, 2) for r in rewards]}"
     # ... because it learned to search twice, not by some other route
     assert sum(searches[-5:]) / 5 > sum(searches[:5]) / 5 + 0.2, searches
+
+
+@pytest.mark.slow
+def test_grpo_teaches_the_second_search(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, rewards, searches = teach_second_search(tmp_path, monkeypatch)
+    assert_learned_the_second_search(rewards, searches)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_learning import CFG
+from tests.e2e.test_learning import assert_learned_the_second_search, teach_second_search
 
 vllm_backend = pytest.importorskip("agentr1.backends.vllm")
 pytestmark = pytest.mark.vllm
@@ -25,31 +25,6 @@ if not vllm_backend.available():
 def test_grpo_with_vllm_rollouts_teaches_the_second_search(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from agentr1.config import load_config
-    from agentr1.trainer.loop import close_run, rl_step
-    from agentr1.trainer.run import RunDir
-    from agentr1.trainer.setup import build_setup
-    from agentr1.trainer.sft import warm_start
-    from agentr1.trainer.state import make_state
-
-    monkeypatch.setenv("AGENTR1_CACHE", str(tmp_path / "cache"))
-    cfg = load_config(None, [*CFG, "model.backend=vllm", f"train.run_dir={tmp_path / 'run'}"])
-    setup = build_setup(cfg)
+    setup, rewards, searches = teach_second_search(tmp_path, monkeypatch, ("model.backend=vllm",))
     assert type(setup.generator).__name__ == "VLLMGenerator", type(setup.generator)
-    run = RunDir(cfg.train.run_dir, cfg, fresh=True)
-    warm_start(setup, run)
-    setup.tasks["train"] = [t for t in setup.tasks["train"] if t.metadata["hops"] == 2]
-    state = make_state(setup)
-    rewards, searches = [], []
-    try:
-        for _ in range(30):
-            metrics = rl_step(state, run)
-            assert metrics["skipped_updates"] == 0
-            rewards.append(metrics["reward"])
-            searches.append(metrics["tool_calls"])
-            state.step += 1
-    finally:
-        close_run(run, state)
-    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
-    assert last > first + 0.25, f"reward did not rise: {[round(r, 2) for r in rewards]}"
-    assert sum(searches[-5:]) / 5 > sum(searches[:5]) / 5 + 0.2, searches
+    assert_learned_the_second_search(rewards, searches)
