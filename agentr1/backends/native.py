@@ -81,9 +81,20 @@ OFF_ENV = "AGENTR1_NATIVE"
 """Set to 0 to never build or load native kernels."""
 DIR_ENV = "AGENTR1_KERNEL_DIR"
 """Where built kernels are kept (default ``~/.cache/agentr1/kernels``)."""
-FLAGS = ("-std=c++17", "-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno")
+FLAGS = (
+    "-std=c++17",
+    "-O3",
+    "-march=native",
+    "-ffp-contract=off",
+    "-fno-math-errno",
+    "-fno-trapping-math",
+)
 """Compile flags; ``-ffp-contract=off`` keeps the rotary's products rounded op by op, as
-torch's, so the cache holds the torch path's exact keys."""
+torch's, so the cache holds the torch path's exact keys. ``-fno-trapping-math`` (no
+kernel reads the floating-point exception flags; values are unchanged) lets GCC turn a
+loop's comparisons and selects (exp's clamp) into vector blends: without it the plain
+loops of ``silu_gate.cpp`` and the log-softmax's backward stay scalar on a CPU without
+AVX-512."""
 BUILD_TIMEOUT_S = 300
 
 
@@ -173,7 +184,8 @@ def build(
     except OSError as e:
         raise NativeBuildError(f"cannot create {out_dir}: {e}") from e
     errors = []
-    for openmp in (("-fopenmp",), ()):  # single-threaded where OpenMP does not compile
+    # single-threaded where OpenMP does not compile (its simd loops still vectorized)
+    for openmp in (("-fopenmp",), ("-fopenmp-simd",), ()):
         fd, tmp = tempfile.mkstemp(prefix=f".{source.stem}-", suffix=".so", dir=out_dir)
         os.close(fd)
         cmd = [*shlex.split(cxx), *flags, *openmp, "-shared", "-fPIC", "-o", tmp, str(source)]

@@ -6,6 +6,7 @@ kernels compute them."""
 from __future__ import annotations
 
 import gc
+import platform
 import weakref
 from contextlib import nullcontext
 from typing import Any
@@ -407,3 +408,41 @@ def test_a_forward_without_a_backward_frees_its_graph() -> None:
     del lp, _
     gc.collect()
     assert [r for r in outputs if r() is not None] == []
+
+
+PLAIN = tuple("-march=x86-64-v2" if f == "-march=native" else f for f in native.FLAGS)
+"""Flags for a CPU without AVX-512: the gate kernel's plain loops, which the compiler
+vectorizes for the ISA it targets (exp as bf16.h's `exp1`)."""
+
+
+@pytest.fixture(scope="module")
+def plain_gate(tmp_path_factory: pytest.TempPathFactory) -> native.SiluGate:
+    if native.compiler() is None or platform.machine() != "x86_64":
+        pytest.skip("the plain-loop build is tested on x86-64 with a C++ compiler")
+    out = tmp_path_factory.mktemp("plain")
+    return native.SiluGate(native.build(native.SILU_GATE_SOURCE, out_dir=out, flags=PLAIN))
+
+
+def test_the_plain_gate_is_exact_and_gives_this_machines_bits(plain_gate: native.SiluGate) -> None:
+    """Without AVX-512 the gate computes the same float32 values, to the bit, as this
+    machine's build (AVX-512's exp16 or, without it, exp1 in wider lanes): exp1 is exp16's
+    one-lane twin, clamps included. NaN stays NaN."""
+    this_machine = native.silu_gate()
+    assert this_machine is not None
+    gen = torch.Generator().manual_seed(5)
+    g = 4 * torch.randn(3, 7, 391, generator=gen)  # not a multiple of any vector width
+    g.view(-1)[::7] *= 30  # both clamps of exp
+    g.view(-1)[::101] = float("nan")
+    u, dy = torch.randn(g.shape, generator=gen), torch.randn(g.shape, generator=gen)
+    y, (dg, du) = plain_gate.forward(g, u), plain_gate.backward(g, u, dy)
+    theirs = (this_machine.forward(g, u), *this_machine.backward(g, u, dy))
+    for a, b in zip((y, dg, du), theirs, strict=True):
+        assert torch.equal(a.isnan(), g.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
+    finite = ~g.isnan()
+    g64 = g.double().requires_grad_()
+    ref = torch.nn.functional.silu(g64) * u.double()
+    (ref * dy.double()).nan_to_num().sum().backward()
+    assert g64.grad is not None
+    want = (ref.detach(), g64.grad, dy.double() * torch.nn.functional.silu(g.double()))
+    for ours, exact in zip((y, dg, du), want, strict=True):
+        torch.testing.assert_close(ours.double()[finite], exact[finite], rtol=1e-5, atol=1e-6)

@@ -120,10 +120,11 @@ def test_the_kernel_refuses_a_target_outside_the_vocabulary() -> None:
         kernel.forward(logits.double(), torch.tensor([0, 1, 2]), False)
 
 
-def test_a_row_with_nan_gives_nan_not_a_number_from_elsewhere() -> None:
+@pytest.mark.parametrize("build", ["native", "plain"])
+def test_a_row_with_nan_gives_nan_not_a_number_from_elsewhere(request, build) -> None:
     """A non-finite logit makes that row's log-prob NaN (the update then skips the step),
-    and the other rows stay exact."""
-    kernel = native.log_softmax()
+    and the other rows stay exact: in the 16 lanes of AVX-512 and in the plain loops."""
+    kernel = request.getfixturevalue("plain_build") if build == "plain" else native.log_softmax()
     if kernel is None:
         pytest.skip("no C++ compiler here: the native kernel cannot be built")
     logits = torch.randn(3, 40)
@@ -133,3 +134,24 @@ def test_a_row_with_nan_gives_nan_not_a_number_from_elsewhere() -> None:
     want = logits.log_softmax(-1).gather(-1, t[:, None]).squeeze(-1)
     assert torch.isnan(lp[1]) and not torch.isnan(lp[[0, 2]]).any()
     torch.testing.assert_close(lp[[0, 2]], want[[0, 2]], atol=1e-6, rtol=1e-6)
+
+
+def test_the_plain_backward_gives_this_machines_bits(plain_build) -> None:
+    """Given the same logsumexp and entropy, the backward is elementwise: the plain loops
+    (exp as bf16.h's exp1, the fused product as AVX-512's) give the bits of this machine's
+    build; the forwards sum in different orders, so they agree to a rounding."""
+    this_machine = native.log_softmax()
+    assert this_machine is not None
+    g = torch.Generator().manual_seed(3)
+    z = 4 * torch.randn(6, 2051, generator=g)
+    t = torch.randint(0, 2051, (6,), generator=g)
+    lse, lp, ent = this_machine.forward(z, t, True)
+    lse2, lp2, ent2 = plain_build.forward(z, t, True)
+    torch.testing.assert_close(lse2, lse, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(lp2, lp, rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(ent2, ent, rtol=1e-5, atol=1e-5)
+    assert ent is not None
+    g_lp, g_ent = torch.randn(6, generator=g), torch.randn(6, generator=g)
+    a = this_machine.backward(z.clone(), t, lse, ent, g_lp, g_ent, 0.7)
+    b = plain_build.backward(z.clone(), t, lse, ent, g_lp, g_ent, 0.7)
+    assert torch.equal(a, b)

@@ -1,8 +1,10 @@
 // bfloat16 <-> float32 for the native kernels (agentr1/backends/native.py): torch's
 // rounding (nearest even, NaN kept NaN), scalar and, where the compiler targets AVX-512,
-// 16 lanes at a time; and exp on 16 lanes.
+// 16 lanes at a time; and exp, on 16 lanes and (`exp1`) one lane at a time in a form
+// compilers vectorize for whatever they target (AVX2, NEON).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -35,6 +37,34 @@ template <typename T> inline T store(float f);
 template <> inline float store<float>(float f) { return f; }
 template <> inline bf16 store<bf16>(float f) { return to_bf16(f); }
 template <typename T> inline float rounded(float f) { return load(store<T>(f)); }
+
+// exp(x) as exp16 below computes it, one lane: the same clamp to [-87, 88], reduction and
+// polynomial (Cephes', ~1 ulp), each step rounded as there, so a build with AVX-512 and
+// one without give the same bits. Only arithmetic and bit moves: a loop of it under
+// `#pragma omp simd` vectorizes for the ISA the compiler targets, where std::exp stays a
+// library call per element (4-6x slower on an AVX2 CPU). A NaN stays NaN.
+inline float exp1(float x) {
+    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    const float shift = 12582912.0f;  // 1.5 * 2^23 (bits 0x4b400000): adding it rounds to an
+    const float t = x * 1.44269504088896341f + shift;  // integer, ties to even, in t's low bits
+    const float k = t - shift;
+    const float r = (x - k * 0.693359375f) + k * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = std::fma(p, r, 1.3981999507e-3f);
+    p = std::fma(p, r, 8.3334519073e-3f);
+    p = std::fma(p, r, 4.1665795894e-2f);
+    p = std::fma(p, r, 1.6666665459e-1f);
+    p = std::fma(p, r, 5.0000001201e-1f);
+    p = std::fma(p * r, r, r) + 1.0f;
+    // 2^k in the exponent bits, k read from t's (no float -> int conversion, so a NaN is
+    // defined behaviour): k in [-126, 127] after the clamp, a normal float
+    uint32_t tb;
+    std::memcpy(&tb, &t, 4);
+    const uint32_t bits = (tb - 0x4b400000u + 127u) << 23;
+    float two_k;
+    std::memcpy(&two_k, &bits, 4);
+    return p * two_k;
+}
 
 #if defined(__AVX512F__)
 // 16 bfloat16 lanes widened to float32 (exact).

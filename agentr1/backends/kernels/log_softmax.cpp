@@ -14,7 +14,8 @@
 //
 // Built by agentr1/backends/native.py with the machine's C++ compiler (-O3 -march=native
 // -fopenmp where it compiles); AVX-512 where the compiler targets it, plain loops
-// computing the same elsewhere. Rows run in parallel on torch's OpenMP threads.
+// computing the same elsewhere (exp as bf16.h's exp1, so the compiler vectorizes them).
+// Rows run in parallel on torch's OpenMP threads.
 #include <cmath>
 #include <cstdint>
 
@@ -42,10 +43,13 @@ void row_forward(const float* z, long V, long t, float* lse, float* lp, float* e
     m = _mm512_reduce_max_ps(vm);
     nan = unordered != 0;
 #endif
-    for (; j < V; ++j) {
-        m = z[j] > m ? z[j] : m;
-        nan |= std::isnan(z[j]);
+    bool tail_nan = false;
+#pragma omp simd reduction(max : m) reduction(| : tail_nan)
+    for (long jj = j; jj < V; ++jj) {
+        m = z[jj] > m ? z[jj] : m;
+        tail_nan |= z[jj] != z[jj];
     }
+    nan |= tail_nan;
     if (nan || !std::isfinite(m)) {  // NaN or +inf in the row, or nothing possible
         *lse = *lp = NAN;
         if (ent) *ent = NAN;
@@ -65,14 +69,15 @@ void row_forward(const float* z, long V, long t, float* lse, float* lp, float* e
     s = _mm512_reduce_add_ps(vs);
     sz = _mm512_reduce_add_ps(vsz);
 #endif
-    double ds = 0.0, dsz = 0.0;  // a long row summed one by one: in double
-    for (; j < V; ++j) {
-        const float e = std::exp(z[j] - m);
-        ds += e;
-        dsz += double(e) * z[j];
+    double ts = 0.0, tsz = 0.0;  // the rest (all of it without AVX-512), in double lanes
+#pragma omp simd reduction(+ : ts, tsz)
+    for (long jj = j; jj < V; ++jj) {
+        const float e = agentr1::exp1(z[jj] - m);
+        ts += e;
+        tsz += double(e) * z[jj];
     }
-    s = float(s + ds);
-    sz = float(sz + dsz);
+    s = float(s + ts);
+    sz = float(sz + tsz);
     *lse = m + std::log(s);
     *lp = z[t] - *lse;
     if (ent) *ent = *lse - sz / s;
@@ -94,9 +99,10 @@ void row_backward(float* z, long V, long t, float lse, float h, float g_lp, floa
         _mm512_storeu_ps(z + j, _mm512_mul_ps(_mm512_mul_ps(p, c), vscale));
     }
 #endif
-    for (; j < V; ++j) {
-        const float p = std::exp(z[j] - lse);
-        z[j] = -(p * (a + b * z[j])) * scale;
+#pragma omp simd
+    for (long jj = j; jj < V; ++jj) {
+        const float p = agentr1::exp1(z[jj] - lse);
+        z[jj] = (p * std::fma(b, z[jj], a)) * -scale;  // as the 16 lanes compute it
     }
     z[t] += g_lp * scale;
 }

@@ -14,9 +14,10 @@
 // theirs (silu(g) rounded before the product; dy u rounded before silu's gradient), so
 // the two differ by exp's rounding only.
 //
-// exp is Cephes' on 16 lanes where the compiler targets AVX-512 (bf16.h's exp16, which
-// clamps its argument to [-87, 88]: s is then 0 or 1 to float precision, as it would be),
-// std::exp elsewhere. A NaN in g stays NaN in y, dg and du (it multiplies them).
+// exp is Cephes' (bf16.h's exp16 on 16 lanes where the compiler targets AVX-512, its
+// one-lane twin exp1 in loops the compiler vectorizes elsewhere, e.g. AVX2: the same bits
+// either way; both clamp the argument to [-87, 88]: s is then 0 or 1 to float precision,
+// as it would be). A NaN in g stays NaN in y, dg and du (it multiplies them).
 //
 // Built by agentr1/backends/native.py with the machine's C++ compiler (-O3 -march=native
 // -fopenmp where it compiles); blocks of the tensor in parallel on torch's OpenMP threads.
@@ -36,7 +37,7 @@ inline __m512 sigmoid16(__m512 g) {
 }
 #endif
 
-inline float sigmoid(float g) { return 1.f / (1.f + std::exp(-g)); }
+inline float sigmoid(float g) { return 1.f / (1.f + agentr1::exp1(-g)); }
 
 template <typename F> void blocks(long n, F f) {
     const long nb = (n + BLOCK - 1) / BLOCK;
@@ -69,9 +70,10 @@ void agentr1_silu_gate_forward_bf16(const bf16* g, const bf16* u, long n, bf16* 
             _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i), agentr1::to_bf16x16(vy));
         }
 #endif
-        for (; i < hi; ++i) {
-            const float gi = load(g[i]);
-            y[i] = to_bf16(rounded<bf16>(gi * sigmoid(gi)) * load(u[i]));
+#pragma omp simd
+        for (long ii = i; ii < hi; ++ii) {
+            const float gi = load(g[ii]);
+            y[ii] = to_bf16(rounded<bf16>(gi * sigmoid(gi)) * load(u[ii]));
         }
     });
 }
@@ -98,14 +100,15 @@ void agentr1_silu_gate_backward_bf16(const bf16* g, const bf16* u, const bf16* d
             _mm256_storeu_si256(reinterpret_cast<__m256i*>(dg + i), agentr1::to_bf16x16(d));
         }
 #endif
-        for (; i < hi; ++i) {
-            const float gi = load(g[i]);
+#pragma omp simd
+        for (long ii = i; ii < hi; ++ii) {
+            const float gi = load(g[ii]);
             const float s = sigmoid(gi);
             const float silu = rounded<bf16>(gi * s);
-            const float a = rounded<bf16>(load(dy[i]) * load(u[i]));
-            const bf16 dui = to_bf16(load(dy[i]) * silu);
-            dg[i] = to_bf16(a * s * (1.f + gi * (1.f - s)));
-            du[i] = dui;
+            const float a = rounded<bf16>(load(dy[ii]) * load(u[ii]));
+            const bf16 dui = to_bf16(load(dy[ii]) * silu);
+            dg[ii] = to_bf16(a * s * (1.f + gi * (1.f - s)));
+            du[ii] = dui;
         }
     });
 }
@@ -121,7 +124,8 @@ void agentr1_silu_gate_forward(const float* g, const float* u, long n, float* y)
             _mm512_storeu_ps(y + i, _mm512_mul_ps(silu, _mm512_loadu_ps(u + i)));
         }
 #endif
-        for (; i < hi; ++i) y[i] = g[i] * sigmoid(g[i]) * u[i];
+#pragma omp simd
+        for (long ii = i; ii < hi; ++ii) y[ii] = g[ii] * sigmoid(g[ii]) * u[ii];
     });
 }
 
@@ -144,12 +148,13 @@ void agentr1_silu_gate_backward(const float* g, const float* u, const float* dy,
             _mm512_storeu_ps(dg + i, _mm512_mul_ps(_mm512_mul_ps(vdy, vu), dsilu));
         }
 #endif
-        for (; i < hi; ++i) {
-            const float s = sigmoid(g[i]);
-            const float silu = g[i] * s;
-            const float gi = dy[i] * u[i] * (s + silu * (1.f - s));
-            du[i] = dy[i] * silu;
-            dg[i] = gi;
+#pragma omp simd
+        for (long ii = i; ii < hi; ++ii) {
+            const float s = sigmoid(g[ii]);
+            const float silu = g[ii] * s;
+            const float gi = dy[ii] * u[ii] * (s + silu * (1.f - s));
+            du[ii] = dy[ii] * silu;
+            dg[ii] = gi;
         }
     });
 }
