@@ -72,6 +72,7 @@ template <typename T, int D> inline float dot(const float* q, const T* k) {
     }
 #endif
     float s = 0.0f;
+#pragma omp simd reduction(+ : s)
     for (int d = 0; d < D; d++) s += q[d] * load(k[d]);
     return s;
 }
@@ -107,7 +108,8 @@ inline float max_of(const float* s, long n) {
     for (; t + 16 <= n; t += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(s + t));
     m = _mm512_reduce_max_ps(mv);
 #endif
-    for (; t < n; t++) m = s[t] > m ? s[t] : m;
+#pragma omp simd reduction(max : m)
+    for (long u = t; u < n; u++) m = s[u] > m ? s[u] : m;
     return m;
 }
 
@@ -125,11 +127,13 @@ inline float exp_sum(float* s, long n, float m) {
     }
     z = _mm512_reduce_add_ps(zv);
 #endif
-    for (; t < n; t++) {
-        s[t] = exp_nonpositive(s[t] - m);
-        z += s[t];
+    float zt = 0.0f;
+#pragma omp simd reduction(+ : zt)
+    for (long u = t; u < n; u++) {
+        s[u] = exp_nonpositive(s[u] - m);
+        zt += s[u];
     }
-    return z;
+    return z + zt;
 }
 
 #if defined(__AVX512F__)
