@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from agentr1.trainer.setup import Setup
 from tests.e2e.test_learning import assert_learned_the_second_search, teach_second_search
 
 vllm_backend = pytest.importorskip("agentr1.backends.vllm")
@@ -25,6 +26,10 @@ if not vllm_backend.available():
 def test_grpo_with_vllm_rollouts_teaches_the_second_search(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    setup, rewards, searches = teach_second_search(tmp_path, monkeypatch, ("model.backend=vllm",))
-    assert type(setup.generator).__name__ == "VLLMGenerator", type(setup.generator)
+    def samples_with_vllm(setup: Setup) -> None:
+        assert type(setup.generator).__name__ == "VLLMGenerator", type(setup.generator)
+
+    rewards, searches = teach_second_search(
+        tmp_path, monkeypatch, ("model.backend=vllm",), check_setup=samples_with_vllm
+    )
     assert_learned_the_second_search(rewards, searches)
