@@ -6,7 +6,8 @@ Marked ``ray`` (``make test-ray``): each group starts a rank process, seconds ap
 Tolerances: fp32, the only difference being the order of the float sums (the ranks'
 gradients are added by the all-reduce, one process adds micro-batch after micro-batch):
 gradients ``atol=1e-6, rtol=1e-5``; weights after one or more AdamW steps (1 or 4 in an
-update, 8 in a run) ``atol=1e-5, rtol=1e-4`` (`STEPPED`).
+update, 8 in a run) ``atol=1e-5, rtol=1e-4`` (`STEPPED`), up to 2 lr a step where float32
+leaves the gradient undetermined (`assert_stepped_close`).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ RANKS = [
     "distributed.timeout_s=60",
 ]
 STEPPED = {"atol": 1e-5, "rtol": 1e-4}
+"""Weights after AdamW steps where the gradient is determined (see `assert_stepped_close`)."""
 
 
 def assert_grads_close(got: torch.Tensor, want: torch.Tensor) -> None:
@@ -61,8 +63,19 @@ def assert_grads_close(got: torch.Tensor, want: torch.Tensor) -> None:
     torch.testing.assert_close(got, want, rtol=1e-5, atol=max(1e-6, 1e-5 * scale))
 
 
-"""Weights after AdamW steps: a step is lr x g / (|g| + 1e-8), so where a gradient is
-about 1e-8 the sums' rounding moves it by a few % of lr (3e-4)."""
+def assert_stepped_close(
+    got: torch.Tensor, want: torch.Tensor, grad: torch.Tensor, lr: float, steps: int
+) -> None:
+    """Weights after ``steps`` AdamW steps from the same start. A first step moves each
+    element by lr x g / (|g| + 1e-8): where float32's summing order leaves a gradient
+    undetermined (within `assert_grads_close`'s tolerance of 0) that is anything in
+    [-lr, lr], so those elements may differ by up to 2 lr a step (one came out 3.9% of
+    lr off on an AVX2 CPU); every other element within `STEPPED`."""
+    scale = float(grad.abs().max())
+    undetermined = grad.abs() <= max(1e-6, 1e-5 * scale)
+    torch.testing.assert_close(got[~undetermined], want[~undetermined], **STEPPED)
+    if undetermined.any():
+        assert float((got - want)[undetermined].abs().max()) <= 2 * lr * steps * (1 + 1e-5)
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +170,9 @@ class TestOneUpdate:
             assert torch.equal(rank0["grads"][k], rank1["grads"][k]), k
             assert_grads_close(rank0["grads"][k], ref["grads"][k])
             assert torch.equal(rank0["params"][k], rank1["params"][k]), k
-            torch.testing.assert_close(rank0["params"][k], ref["params"][k], **STEPPED)
+            lr = optim.critic_lr if k.startswith("critic.") else optim.lr
+            steps = minibatches * epochs
+            assert_stepped_close(rank0["params"][k], ref["params"][k], ref["grads"][k], lr, steps)
             assert torch.equal(whole[k], rank0["params"][k]), k
         assert m_dp.keys() == m_one.keys()
         # The loss metrics are means over micro-batches: the same as one process's when the
