@@ -170,7 +170,7 @@ class TestOneUpdate:
             assert torch.equal(rank0["grads"][k], rank1["grads"][k]), k
             assert_grads_close(rank0["grads"][k], ref["grads"][k])
             assert torch.equal(rank0["params"][k], rank1["params"][k]), k
-            lr = optim.critic_lr if k.startswith("critic.") else optim.lr
+            lr = cfg.algo.critic_lr if k.startswith("critic.") else optim.lr
             steps = minibatches * epochs
             assert_stepped_close(rank0["params"][k], ref["params"][k], ref["grads"][k], lr, steps)
             assert torch.equal(whole[k], rank0["params"][k]), k
