@@ -59,8 +59,12 @@ def assert_grads_close(got: torch.Tensor, want: torch.Tensor) -> None:
     scale, since an element that is a cancelling sum of larger terms keeps their rounding
     (with the native RMSNorm and SiLU gate, one LoRA element of ~0.03 came out 1.5e-6
     off)."""
-    scale = float(want.abs().max())
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=max(1e-6, 1e-5 * scale))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=grad_atol(want))
+
+
+def grad_atol(grad: torch.Tensor) -> float:
+    """`assert_grads_close`'s absolute tolerance for ``grad``: 1e-5 of its scale, >= 1e-6."""
+    return max(1e-6, 1e-5 * float(grad.abs().max()))
 
 
 def assert_stepped_close(
@@ -71,8 +75,7 @@ def assert_stepped_close(
     undetermined (within `assert_grads_close`'s tolerance of 0) that is anything in
     [-lr, lr], so those elements may differ by up to 2 lr a step (one came out 3.9% of
     lr off on an AVX2 CPU); every other element within `STEPPED`."""
-    scale = float(grad.abs().max())
-    undetermined = grad.abs() <= max(1e-6, 1e-5 * scale)
+    undetermined = grad.abs() <= grad_atol(grad)
     torch.testing.assert_close(got[~undetermined], want[~undetermined], **STEPPED)
     if undetermined.any():
         assert float((got - want)[undetermined].abs().max()) <= 2 * lr * steps * (1 + 1e-5)
