@@ -186,6 +186,44 @@ def test_a_failing_build_is_an_error_with_the_compiler_message(tmp_path: Path) -
         native.build(src, tmp_path / "out", cxx=str(tmp_path / "no-such-compiler"))
 
 
+@pytest.mark.parametrize("refused", [("-fopenmp",), ("-fopenmp", "-fopenmp-simd")])
+def test_where_openmp_does_not_compile_the_kernel_is_built_without_it(
+    tmp_path: Path, refused: tuple[str, ...]
+) -> None:
+    """A compiler that rejects ``-fopenmp`` (and then ``-fopenmp-simd``) still gives a
+    working kernel: the build falls back flag by flag, and the fallback computes the same
+    bits as the OpenMP build (the SiLU gate is elementwise: threads and vector width
+    change no rounding)."""
+    cxx = native.compiler()
+    if cxx is None:
+        pytest.skip("no C++ compiler on this machine")
+    calls = tmp_path / "calls"
+    wrapper = tmp_path / "picky-c++"
+    refuse = " ".join(f'"{f}"' for f in refused)
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f'echo "$*" >> "{calls}"\n'
+        f'for a in "$@"; do for r in {refuse}; do\n'
+        '  if [ "$a" = "$r" ]; then echo "error: unrecognized option $a" >&2; exit 1; fi\n'
+        "done; done\n"
+        f'exec {cxx} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    fallback = native.SiluGate(
+        native.build(native.SILU_GATE_SOURCE, tmp_path / "out", str(wrapper))
+    )
+    compiles = [c for c in calls.read_text().splitlines() if "-shared" in c]
+    used = {"-fopenmp", "-fopenmp-simd"} & set(compiles[-1].split())
+    assert len(compiles) == len(refused) + 1  # each refused flag tried once, in order
+    assert used == ({"-fopenmp-simd"} if refused == ("-fopenmp",) else set())
+    reference = native.SiluGate(native.build(native.SILU_GATE_SOURCE, tmp_path / "ref"))
+    g = torch.randn(3, 1000, generator=torch.Generator().manual_seed(0)) * 8
+    u, dy = torch.randn(3, 1000), torch.randn(3, 1000)
+    assert torch.equal(fallback.forward(g, u), reference.forward(g, u))
+    for a, b in zip(fallback.backward(g, u, dy), reference.backward(g, u, dy), strict=True):
+        assert torch.equal(a, b)
+
+
 def test_without_a_kernel_the_pass_keeps_torch_ops_and_says_why(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
