@@ -133,7 +133,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/rollout_speed.py
 
 # The demo's EM bar over seeds 0-2, each with the native kernels and with torch's ops (six
-# demos one after another: ~15 minutes with AMX, ~1 hour on an AVX2-only CPU); exit 1 if any
+# demos one after another: ~20 minutes with AMX, ~1 hour on an AVX2-only CPU); exit 1 if any
 # run misses greedy EM 0.8 on 2 or 3 hops. Judge recipe and rounding changes by this.
 demo-seeds: $(STAMP)
 	$(BIN)/python benchmarks/demo_seeds.py
