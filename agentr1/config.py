@@ -200,11 +200,14 @@ class SFTConfig:
     """SFT steps between checkpoints of the warm start (``checkpoints/sft/``: weights,
     AdamW state, batch order), so a run killed during SFT resumes inside it; 0 = only the
     one when SFT ends. Removed once RL has a checkpoint of its own."""
-    context_loss_weight: float = 1.0
+    context_loss_weight: float = 0.0
     """Weight of a language-modelling loss on the demonstrations' context tokens (the
-    question and the search results), added to the loss on the agent's own tokens. A tiny
-    model trained from scratch learns to copy names from text this way (names recur in
-    every passage); 0 = train on the agent's tokens only. RL never trains context tokens."""
+    question and the search results), added to the loss on the agent's own tokens; 0 =
+    train on the agent's tokens only. RL never trains context tokens. It can help a tiny
+    model trained from scratch copy what it reads (the two examples set 1.0 for their
+    answers' numbers), and it can drown a decision that rests on one token: with 1.0 the
+    demo's SFT never learned which relation a grandparent question's second search needs,
+    and one run in six failed the EM bar on it ("Kin relations" in `benchmarks/RESULTS.md`)."""
 
 
 @dataclass(frozen=True)
