@@ -38,7 +38,7 @@ from agentr1.rollout import RolloutConfig, run_rollout
 from agentr1.rollout.chat import ChatFormat
 from agentr1.tasks.world import SPLITS, World, oracle_generator
 from agentr1.tasks.world.schema import KIN, KIN_TERMS
-from agentr1.trainer.setup import build_setup
+from agentr1.trainer.setup import Setup, build_setup
 from agentr1.types import Task, Trajectory
 
 RECIPE = "recipes/demo.yaml"
@@ -101,6 +101,20 @@ def probe(model: Callable[..., Any], rows: Sequence[tuple[Trajectory, list[Choic
     return out
 
 
+def oracle_episodes(setup: Setup, split: str) -> list[tuple[Task, Trajectory, list[Choice]]]:
+    """The oracle's episode of each kin question of ``split`` (no early answers, no
+    notes), through ``setup``'s env and chat format, with its choices."""
+    world: World = setup.task.extras["world"]
+    gen = oracle_generator(world, setup.chat, early_answer_prob=0.0, notes=False)
+    rcfg = RolloutConfig(n_samples=1, max_turns=6, max_tokens_per_turn=64, max_context=1024)
+    tasks = [t for t in world.tasks(split) if kin_term(t.question)]
+    groups = run_rollout(tasks, setup.make_env, gen, setup.chat, rcfg)
+    return [
+        (task, g.trajectories[0], choices(g.trajectories[0], task, world, setup.chat))
+        for task, g in zip(tasks, groups, strict=True)
+    ]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", nargs="+", required=True, help="model directories")
@@ -113,17 +127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for path in args.model:
         cfg = load_config(args.recipe, [*args.overrides, f"model.path={path}", "sft.enabled=false"])
         setup = build_setup(cfg)
-        world: World = setup.task.extras["world"]
-        gen = oracle_generator(world, setup.chat, early_answer_prob=0.0, notes=False)
-        rcfg = RolloutConfig(n_samples=1, max_turns=6, max_tokens_per_turn=64, max_context=1024)
         for split in args.split:
-            tasks = [t for t in world.tasks(split) if kin_term(t.question)]
-            groups = run_rollout(tasks, setup.make_env, gen, setup.chat, rcfg)
-            rows = [
-                (traj, choices(traj, task, world, setup.chat))
-                for task, g in zip(tasks, groups, strict=True)
-                for traj in g.trajectories
-            ]
+            rows = [(traj, picks) for _, traj, picks in oracle_episodes(setup, split)]
             for group, ps in sorted(probe(setup.policy.eval(), rows).items()):
                 mean = sum(ps) / len(ps)
                 likelier = sum(p > 0.5 for p in ps) / len(ps)

@@ -11,8 +11,6 @@ import pytest
 import torch
 
 from agentr1.config import load_config
-from agentr1.rollout import RolloutConfig, run_rollout
-from agentr1.tasks.world import oracle_generator
 from agentr1.trainer.setup import build_setup
 from tests.benchmark_scripts import benchmark
 from tests.e2e.test_train_loop import SMALL
@@ -26,14 +24,7 @@ def episodes(tmp_path_factory: pytest.TempPathFactory) -> tuple:
         script = benchmark("kin_probe")
         setup = build_setup(load_config(script.RECIPE, [*SMALL, "sft.enabled=false"]))
     world = setup.task.extras["world"]
-    tasks = [t for t in world.tasks("train") if script.kin_term(t.question)]
-    gen = oracle_generator(world, setup.chat, early_answer_prob=0.0, notes=False)
-    rcfg = RolloutConfig(n_samples=1, max_turns=6, max_tokens_per_turn=64, max_context=1024)
-    groups = run_rollout(tasks, setup.make_env, gen, setup.chat, rcfg)
-    rows = [
-        (g.trajectories[0], script.choices(g.trajectories[0], t, world, setup.chat), t)
-        for t, g in zip(tasks, groups, strict=True)
-    ]
+    rows = [(traj, picks, task) for task, traj, picks in script.oracle_episodes(setup, "train")]
     return script, setup, world, rows
 
 
