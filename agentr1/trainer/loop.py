@@ -52,6 +52,7 @@ from agentr1.trainer.state import (
     release_training_state,
     restore,
     save_reference,
+    settled_heap,
 )
 from agentr1.trainer.tokenlog import token_layers
 from agentr1.trainer.update import rl_update
@@ -221,13 +222,14 @@ def train(
         summary["task"] = setup.task.name
         if setup.task.data_report:
             summary["data"] = dict(setup.task.data_report)
-        if meta is None:
-            before_rl(state, run, summary, resume)
-        else:
-            run.prepare_resume(state.step)
-            if cfg.train.keep_best:
-                best.adopt_best_on_disk(setup, run, summary)
-        last_eval = rl_steps(state, run, summary, stop_after)
+        with settled_heap():  # the setup's objects out of the collector's way
+            if meta is None:
+                before_rl(state, run, summary, resume)
+            else:
+                run.prepare_resume(state.step)
+                if cfg.train.keep_best:
+                    best.adopt_best_on_disk(setup, run, summary)
+            last_eval = rl_steps(state, run, summary, stop_after)
         if state.step < cfg.train.steps:  # stopped early (stop_after)
             return summary
         if cfg.train.checkpoint_every == 0 or state.step % cfg.train.checkpoint_every:

@@ -260,6 +260,30 @@ def restore(s: TrainState, run: RunDir) -> dict[str, Any] | None:
     return meta
 
 
+@contextmanager
+def settled_heap() -> Iterator[None]:
+    """Keep Python's cyclic garbage collector off the objects that exist when the block
+    starts (the model, the task's data, the tokenizer: ~0.4-0.5 million for the demo):
+    they are collected once, then frozen (`gc.freeze`) until the block ends.
+
+    A full collection walks every tracked object, and an RL step leaves enough survivors
+    (episodes, logs) to set one off every step or two: ~0.15 s of the demo's ~3 s steps
+    went to them (`benchmarks/RESULTS.md`, "Python's garbage collector"). Objects made
+    inside the block are collected as usual; frozen ones are freed by their reference
+    counts as always, only a cycle among them waits for the block's end. A process that
+    froze objects itself, or turned the collector off, is left as it is, and so a nested
+    block changes nothing."""
+    if not gc.isenabled() or gc.get_freeze_count():
+        yield
+        return
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 def trim_heap() -> None:
     """Return freed heap pages to the OS (glibc ``malloc_trim``; a no-op elsewhere): CPU
     tensors freed by Python stay in the process's RSS until then."""

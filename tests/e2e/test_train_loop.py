@@ -3,6 +3,7 @@ kill-and-resume reproduces an uninterrupted run, and (slow) the demo setting lea
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 from collections import Counter
@@ -83,21 +84,28 @@ def check_rollouts(path: Path, estimator: str, steps: int, episodes: int) -> Non
 def test_every_estimator_trains(
     tmp_path: Path, estimator: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from agentr1.trainer import loop
+    from agentr1.trainer import evaluation, loop
 
-    real = loop.sample_rollouts
+    real, real_eval = loop.sample_rollouts, evaluation.evaluate_tasks
     held: list[bool] = []  # at each rollout: gradients allocated?
+    frozen: list[bool] = []  # at each rollout and evaluation: the setup's objects frozen?
 
     def rewarded(s, timer):  # type: ignore[no-untyped-def]
         """The tiny model earns nothing yet; group 0 gets rewards 1 / 0, group 1 a tie."""
         held.append(any(p.grad is not None for p in s.setup.policy.parameters()))
+        frozen.append(gc.get_freeze_count() > 0)
         groups, stats, extra = real(s, timer)
         for g, rewards in zip(groups, ([1.0, 0.0], [0.5, 0.5]), strict=True):
             for t, r in zip(g.trajectories, rewards, strict=True):
                 t.outcome_reward = r
         return groups, stats, extra
 
+    def evaluated(*args, **kwargs):  # type: ignore[no-untyped-def]
+        frozen.append(gc.get_freeze_count() > 0)
+        return real_eval(*args, **kwargs)
+
     monkeypatch.setattr(loop, "sample_rollouts", rewarded)
+    monkeypatch.setattr(evaluation, "evaluate_tasks", evaluated)
     extra = ["algo.kl_coef=0.01"] if estimator == "gae" else []
     cfg = load_config(
         None,
@@ -112,6 +120,8 @@ def test_every_estimator_trains(
     summary = train(cfg)
     assert summary["steps"] == 2
     assert held and not held[0]  # SFT's gradients were let go before RL
+    # out of the garbage collector's walk while episodes ran (`settled_heap`), and back
+    assert len(frozen) > 2 and all(frozen) and gc.get_freeze_count() == 0
     rows = rl_records(tmp_path)
     assert len(rows) == 2 and all(r["skipped_updates"] == 0 for r in rows)
     for f in (

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import gc
 import math
+import weakref
 from types import SimpleNamespace
 
 import pytest
@@ -826,3 +828,53 @@ def test_fsdp_micro_batches_take_the_cap_over_the_longest_row() -> None:
     par = ShardedParallel(0, 2, torch.device("cpu"))
     assert [len(m) for m in par.micro_batches(ids, mask, 4, True)] == [4]
     assert [len(m) for m in par.micro_batches(ids, mask, 4, True, max_tokens=100)] == [2, 2]
+
+
+class _Node:
+    """A tracked object that can sit in a reference cycle and be weakly referenced."""
+
+    me: _Node | None = None
+
+
+def _cycle() -> tuple[_Node, weakref.ref[_Node]]:
+    node = _Node()
+    node.me = node
+    return node, weakref.ref(node)
+
+
+def test_settled_heap_freezes_what_exists_and_collects_what_is_made_inside() -> None:
+    """The objects of before the block leave the collector's walk (a cycle among them
+    waits for the block's end); a cycle made inside is collected as usual; a nested block,
+    a process that froze objects itself and a collector turned off are left alone."""
+    from agentr1.trainer.state import settled_heap
+
+    assert gc.get_freeze_count() == 0
+    kept, kept_ref = _cycle()
+    with settled_heap():
+        frozen = gc.get_freeze_count()
+        assert frozen > 0 and not any(o is kept for o in gc.get_objects())
+        made, made_ref = _cycle()
+        del kept, made
+        gc.collect()
+        assert made_ref() is None and kept_ref() is not None
+        with settled_heap():
+            assert gc.get_freeze_count() == frozen
+        assert gc.get_freeze_count() == frozen
+    assert gc.get_freeze_count() == 0
+    gc.collect()
+    assert kept_ref() is None
+
+    gc.freeze()  # the process's own
+    try:
+        own = gc.get_freeze_count()
+        with settled_heap():
+            assert gc.get_freeze_count() == own
+        assert gc.get_freeze_count() == own
+    finally:
+        gc.unfreeze()
+    gc.disable()
+    try:
+        with settled_heap():
+            assert gc.get_freeze_count() == 0
+    finally:
+        gc.enable()
