@@ -167,8 +167,7 @@ def rollout_metrics(
     }
     if stats.prefill_s or stats.decode_s:  # the generator keeps a clock (the hf one does)
         m["time/rollout_prefill"], m["time/rollout_decode"] = stats.prefill_s, stats.decode_s
-    # Which tool failures, and what else went wrong, per episode (the kinds of
-    # `agentr1.envs.base.ERROR_KINDS` always, a tool's own kinds when they occur).
+    # Errors per episode: every kind of `ERROR_KINDS`, and a tool's own kinds when they occur.
     kinds = Counter(e.error or "tool_exception" for t in trajs for e in t.tool_log if not e.ok)
     for kind in (*(k for k in ERROR_KINDS if k != "parse_errors"), *sorted(kinds)):
         m[f"tool_error/{kind}"] = kinds.get(kind, 0) / n
@@ -222,14 +221,13 @@ def train(
         summary["task"] = setup.task.name
         if setup.task.data_report:
             summary["data"] = dict(setup.task.data_report)
-        with settled_heap():  # the setup's objects out of the collector's way
-            if meta is None:
-                before_rl(state, run, summary, resume)
-            else:
-                run.prepare_resume(state.step)
-                if cfg.train.keep_best:
-                    best.adopt_best_on_disk(setup, run, summary)
-            last_eval = rl_steps(state, run, summary, stop_after)
+        if meta is None:
+            before_rl(state, run, summary, resume)
+        else:
+            run.prepare_resume(state.step)
+            if cfg.train.keep_best:
+                best.adopt_best_on_disk(setup, run, summary)
+        last_eval = rl_steps(state, run, summary, stop_after)
         if state.step < cfg.train.steps:  # stopped early (stop_after)
             return summary
         if cfg.train.checkpoint_every == 0 or state.step % cfg.train.checkpoint_every:
@@ -288,6 +286,7 @@ def before_rl(state: TrainState, run: RunDir, summary: dict[str, Any], resume: b
         drop_sft_checkpoints(run)
 
 
+@settled_heap()
 def rl_steps(
     state: TrainState, run: RunDir, summary: dict[str, Any], stop_after: int | None
 ) -> Evaluated | None:

@@ -263,8 +263,9 @@ def restore(s: TrainState, run: RunDir) -> dict[str, Any] | None:
 @contextmanager
 def settled_heap() -> Iterator[None]:
     """Keep Python's cyclic garbage collector off the objects that exist when the block
-    starts (the model, the task's data, the tokenizer: ~0.4-0.5 million for the demo):
-    they are collected once, then frozen (`gc.freeze`) until the block ends.
+    starts (the model, the task's data, the tokenizer: ~0.4 million for the demo): they
+    are collected once, then frozen (`gc.freeze`) until the block ends. The RL steps
+    (`agentr1.trainer.loop.rl_steps`) and every evaluation (`run_eval`) run in one.
 
     A full collection walks every tracked object, and an RL step leaves enough survivors
     (episodes, logs) to set one off every step or two: ~0.15 s of the demo's ~3 s steps
