@@ -267,13 +267,13 @@ def settled_heap() -> Iterator[None]:
     are collected once, then frozen (`gc.freeze`) until the block ends. The RL steps
     (`agentr1.trainer.loop.rl_steps`) and every evaluation (`run_eval`) run in one.
 
-    A full collection walks every tracked object, and an RL step leaves enough survivors
-    (episodes, logs) to set one off every step or two: ~0.15 s of the demo's ~3 s steps
-    went to them (`benchmarks/RESULTS.md`, "Python's garbage collector"). Objects made
-    inside the block are collected as usual; frozen ones are freed by their reference
-    counts as always, only a cycle among them waits for the block's end. A process that
-    froze objects itself, or turned the collector off, is left as it is, and so a nested
-    block changes nothing."""
+    A full collection walks every tracked object, and RL steps leave enough survivors
+    (episodes, logs) to set one off every few steps: ~0.3 s each, ~4% of the demo's RL
+    steps (`benchmarks/gc_pauses.py` measures it). Objects made inside the block are
+    collected as usual; frozen ones are freed by their reference counts as always, only
+    a cycle among them waits for the block's end. A process that froze objects itself,
+    or turned the collector off, is left as it is, and so a nested block changes
+    nothing."""
     if not gc.isenabled() or gc.get_freeze_count():
         yield
         return
