@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+@settled_heap()  # the setup's objects out of the garbage collector's walk
 def run_eval(
     setup: Setup, label: str, run: RunDir | None = None, step: int | None = None
 ) -> dict[str, dict[str, EvalResult]]:
@@ -43,27 +44,26 @@ def run_eval(
     cfg = setup.cfg
     setup.policy.eval()
     out: dict[str, dict[str, EvalResult]] = {"greedy": {}, "sampled": {}}
-    with settled_heap():  # the setup's objects out of the collector's way
-        for split in setup.eval_splits():
-            tasks = eval_tasks(setup, split)
-            modes = [("greedy", 0.0, 1, 1)]
-            if cfg.eval.sampled_n:
-                modes.append(("sampled", cfg.eval.temperature, cfg.eval.sampled_n, 2))
-            for mode, temperature, n, seed in modes:
-                res = evaluate_tasks(
-                    tasks,
-                    setup.make_env,
-                    setup.generator,
-                    setup.chat,
-                    cfg.rollout,
-                    temperature,
-                    n,
-                    seed=seed,
-                    batch_tasks=cfg.eval.batch_tasks,
-                    metrics=setup.task.metric_names,
-                    breakdown=setup.task.breakdown,
-                )
-                out[mode][split] = res
+    for split in setup.eval_splits():
+        tasks = eval_tasks(setup, split)
+        modes = [("greedy", 0.0, 1, 1)]
+        if cfg.eval.sampled_n:
+            modes.append(("sampled", cfg.eval.temperature, cfg.eval.sampled_n, 2))
+        for mode, temperature, n, seed in modes:
+            res = evaluate_tasks(
+                tasks,
+                setup.make_env,
+                setup.generator,
+                setup.chat,
+                cfg.rollout,
+                temperature,
+                n,
+                seed=seed,
+                batch_tasks=cfg.eval.batch_tasks,
+                metrics=setup.task.metric_names,
+                breakdown=setup.task.breakdown,
+            )
+            out[mode][split] = res
     if run is not None:
         log_eval(setup, run, label, out, step)
     scores = {k: {s: round(r.score, 4) for s, r in v.items()} for k, v in out.items()}

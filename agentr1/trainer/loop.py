@@ -286,7 +286,7 @@ def before_rl(state: TrainState, run: RunDir, summary: dict[str, Any], resume: b
         drop_sft_checkpoints(run)
 
 
-@settled_heap()
+@settled_heap()  # the setup's objects out of the garbage collector's walk
 def rl_steps(
     state: TrainState, run: RunDir, summary: dict[str, Any], stop_after: int | None
 ) -> Evaluated | None:
