@@ -1,6 +1,6 @@
 """What Python's cyclic garbage collector takes from the demo's RL steps, with the
 setup's objects in its walk (plain) and frozen out of it (`agentr1.trainer.state.
-settled_heap`, what `train` and `run_eval` do), alternating in one process.
+settled_heap`, which `rl_steps` and `run_eval` run in), alternating in one process.
 
 Runs the demo recipe's RL steps from a model (SFT off), ``--steps`` a setting and
 ``--rounds`` alternations, timing every collection (``gc.callbacks``). Reports per setting
@@ -34,8 +34,8 @@ RECIPE = "recipes/demo.yaml"
 
 
 class Collections:
-    """Seconds and counts of the collector's passes while ``on`` (a ``gc.callbacks``
-    entry, registered for the object's ``with`` block)."""
+    """Seconds and counts of the collector's passes during the object's ``with`` block
+    (a ``gc.callbacks`` entry for that long)."""
 
     def __init__(self) -> None:
         self.seconds = self.full_seconds = 0.0
