@@ -248,6 +248,7 @@ def load_policy(cfg: Config, path: str) -> tuple[Any, ChatFormat, Any, Generator
     tokenizer = load_tokenizer(path)
     dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
     policy = load_model(path, dtype=dtype, device=resolve_device(cfg.model.device))
+    warn_emulated_bf16(cfg, policy.device)
     chat = ChatFormat.from_hf(tokenizer, chat_template=TEMPLATES[cfg.model.chat_template])
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else chat.end_of_turn_id
     # The trainer's masked passes (rows sharing a prefix) without copied key/value heads
@@ -390,6 +391,27 @@ def wants_bf16(setting: str, device: torch.device) -> bool:
     """Whether a dtype setting ("float32" / "same", "bfloat16", "auto") means bf16 on
     ``device`` ("auto": where it computes bf16 natively, `native_bf16`)."""
     return setting == "bfloat16" or (setting == "auto" and native_bf16(device))
+
+
+def warn_emulated_bf16(cfg: Config, device: torch.device) -> list[str]:
+    """Warn when the config asks for bfloat16 by name on a device that only emulates it
+    (a CPU without avx512_bf16 or AMX: the products run ~50x slower than in float32 on
+    an AVX2 CPU), where ``auto`` would pick float32; return the settings named."""
+    m = cfg.model
+    named = [
+        f"model.{k}=bfloat16"
+        for k in ("dtype", "compute_dtype", "sampler_dtype")
+        if getattr(m, k) == "bfloat16"
+    ]
+    if named and not native_bf16(device):
+        log.warning(
+            "%s on %s, which has no bf16 arithmetic: emulated, far slower than float32 "
+            "(use auto: bf16 where the device has it, float32 elsewhere)",
+            ", ".join(named),
+            "this CPU" if device.type == "cpu" else device,
+        )
+        return named
+    return []
 
 
 def sampler_bf16(cfg: Config, device: torch.device) -> bool:

@@ -134,6 +134,29 @@ def test_auto_sampler_dtype_is_a_bf16_copy_only_where_the_cpu_has_it(
         load_config(None, ["model.sampler_dtype=fp16"])
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_bf16_by_name_where_the_cpu_only_emulates_it_is_warned(
+    native: bool, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``bfloat16`` named on a CPU without bf16 arithmetic runs emulated, ~50x slower than
+    float32 on an AVX2 CPU: the run says so and names the settings; ``auto`` is silent."""
+    from agentr1.trainer import setup
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    cpu = torch.device("cpu")
+    cfg = load_config(None, [*BF16, "model.dtype=float32"])
+    with caplog.at_level("WARNING", logger=setup.__name__):
+        named = setup.warn_emulated_bf16(cfg, cpu)
+    if native:
+        assert named == [] and not caplog.records
+    else:
+        assert named == ["model.compute_dtype=bfloat16", "model.sampler_dtype=bfloat16"]
+        assert "emulated" in caplog.text and "use auto" in caplog.text
+    auto = load_config(None, ["model.compute_dtype=auto", "model.sampler_dtype=auto"])
+    assert setup.warn_emulated_bf16(auto, cpu) == []
+
+
 @pytest.mark.parametrize("estimator", ["grpo", "gae"])
 def test_bf16_training_steps_update_policy_and_sampler(tmp_path: Path, estimator: str) -> None:
     extra = ["algo.kl_coef=0.01"] if estimator == "gae" else []
