@@ -31,6 +31,7 @@ import os
 import threading
 import time
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,11 +56,17 @@ class RolloutWorker:
 
     def __init__(self, cfg: Config, model_path: str, task: Any, name: str) -> None:
         from agentr1.trainer.setup import sampler_setup
+        from agentr1.trainer.state import settled_heap
 
         torch.set_num_threads(threads(cfg.distributed))
         self.name = name
         self.make_env, self.chat, self.generator = sampler_setup(cfg, model_path, task)
         self.base: dict[str, torch.Tensor] | None = None
+        # What the setup made (model, task data, tokenizer) lives as long as the worker:
+        # kept out of the collector's full collections for the process's life, as the
+        # driver's RL steps are (`settled_heap`).
+        self._settled = ExitStack()
+        self._settled.enter_context(settled_heap())
 
     def pid(self) -> int:
         return os.getpid()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import os
 import signal
 import threading
@@ -165,6 +166,30 @@ def test_a_worker_that_raises_is_named(setup: Setup) -> None:
     assert "rollout worker 'rollout-" in msg and "(pid " in msg
     assert "RuntimeError: the env's database is locked" in msg
     assert "tasks [" in msg
+
+
+def settled_only(spec: TaskSpec) -> TaskSpec:
+    """``spec`` whose envs can be made on a worker only once the worker's setup is frozen
+    out of the collector's full collections (`agentr1.trainer.state.settled_heap`)."""
+    base = spec.make_env
+
+    def make_env(**kwargs: Any) -> Any:
+        if os.getpid() != DRIVER_PID and gc.get_freeze_count() < 1000:
+            raise RuntimeError(f"unsettled heap: {gc.get_freeze_count()} objects frozen")
+        return base(**kwargs)
+
+    return dataclasses.replace(spec, make_env=make_env)
+
+
+def test_a_worker_keeps_its_setup_out_of_full_collections(setup: Setup) -> None:
+    pool = pool_for(setup, settled_only(setup.task))
+    try:
+        stats = RolloutStats()
+        pool.run(list(setup.task.splits["train"])[:4], setup.cfg.rollout, stats)
+    finally:
+        pool.close()
+    assert stats.episodes == 4 * 3
+    assert gc.get_freeze_count() == 0  # the driver's own heap is not touched
 
 
 def test_workers_that_keep_dying_fail_the_step(setup: Setup, tmp_path: Path) -> None:
