@@ -8,7 +8,7 @@ reference pass on either side), one optimizer step a batch. Both render byte-ide
 prompt tokens (checked before TRL trains: the script stops if they differ) and run the same
 search tool (`agentr1.tools.SearchTool`, whose text TRL puts in its tool messages).
 
-Five runs, one process each, one after the other (RSS is each process's own peak):
+Six runs, one process each, one after the other (RSS is each process's own peak):
 
 - ``agentr1-fp32``: fp32 weights, compute and sampler, full fine-tuning;
 - ``agentr1-fast``: bf16 autocast, a bf16 sampler copy, LoRA r16, and passes of up to
@@ -17,6 +17,9 @@ Five runs, one process each, one after the other (RSS is each process's own peak
   group's 4 rows run as one pass and compute their shared prompt once, where at 1024
   each row ran alone and computed it itself (the same gradient either way; 4096 was
   faster still but took the peak RSS past half TRL's: benchmarks/RESULTS.md);
+- ``agentr1-lora``: the fast setting on a CPU without bf16 arithmetic (AVX2 only, where
+  bf16 products are emulated and ``auto`` picks float32): fp32 compute and sampler, LoRA
+  r16 and passes of up to 2560 tokens, as ``agentr1-fast``;
 - ``agentr1-fp32-ckpt``, ``agentr1-fast-ckpt``: the same with activation checkpointing
   (``optim.activation_checkpointing``), as TRL runs by default;
 - ``trl-fp32``: TRL 1.16's GRPOTrainer with its defaults (gradient checkpointing on, loss
@@ -74,10 +77,12 @@ FAST = (
     "model.lora.rank=16",
     "optim.micro_batch_tokens=2560",
 )
+LORA = (*FP32, *FAST[2:])
 CKPT = "optim.activation_checkpointing=true"
 SETTINGS = {
     "agentr1-fp32": FP32,
     "agentr1-fast": FAST,
+    "agentr1-lora": LORA,
     "agentr1-fp32-ckpt": (*FP32, CKPT),
     "agentr1-fast-ckpt": (*FAST, CKPT),
     "trl-fp32": (),

@@ -30,8 +30,9 @@ def test_every_setting_is_a_valid_recipe_override(setting: str) -> None:
     cfg = load_config(str(side.RECIPE), [*side.COMMON, *side.SETTINGS[setting]])
     assert cfg.algo.kl_coef == 0 and cfg.optim.minibatches == 1
     assert (cfg.train.tasks_per_step, cfg.rollout.n_samples) == (side.QUESTIONS, side.SAMPLES)
-    if setting.startswith("agentr1-fast"):
-        assert cfg.model.lora.rank == 16 and cfg.model.compute_dtype == "bfloat16"
+    if setting.startswith(("agentr1-fast", "agentr1-lora")):
+        dtype = "bfloat16" if setting.startswith("agentr1-fast") else "float32"
+        assert cfg.model.lora.rank == 16 and cfg.model.compute_dtype == dtype
         assert cfg.optim.micro_batch_tokens == 2560  # a group's rows in one pass
     else:
         assert cfg.optim.micro_batch_tokens == 1024  # the recipe's: the fp32 update's memory
