@@ -71,13 +71,10 @@ COMMON = (
 """What both sides share: the steps' questions (a seeded pick of two training questions,
 each step takes both), the group, no KL, one optimizer step a batch."""
 FP32 = ("model.compute_dtype=float32", "model.sampler_dtype=same")
-FAST = (
-    "model.compute_dtype=bfloat16",
-    "model.sampler_dtype=bfloat16",
-    "model.lora.rank=16",
-    "optim.micro_batch_tokens=2560",
-)
-LORA = (*FP32, *FAST[2:])
+ADAPTERS = ("model.lora.rank=16", "optim.micro_batch_tokens=2560")
+"""LoRA r16 and passes of up to 2560 tokens: what the fast settings add to a dtype."""
+FAST = ("model.compute_dtype=bfloat16", "model.sampler_dtype=bfloat16", *ADAPTERS)
+LORA = (*FP32, *ADAPTERS)
 CKPT = "optim.activation_checkpointing=true"
 SETTINGS = {
     "agentr1-fp32": FP32,
