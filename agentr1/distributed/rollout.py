@@ -64,7 +64,8 @@ class RolloutWorker:
         self.base: dict[str, torch.Tensor] | None = None
         # What the setup made (model, task data, tokenizer) lives as long as the worker:
         # kept out of the collector's full collections for the process's life, as the
-        # driver's RL steps are (`settled_heap`).
+        # driver's RL steps are (`settled_heap`). The worker holds the open block: dropping
+        # it would close the block and unfreeze.
         self._settled = ExitStack()
         self._settled.enter_context(settled_heap())
 
