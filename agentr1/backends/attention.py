@@ -22,6 +22,11 @@ another order (float rounding: `tests/unit/test_one_query_attention.py`). Everyt
 else (no mask, a GPU, position biases, dropout) goes to transformers' own ``sdpa``
 function unchanged.
 
+Under bf16 autocast, a pass of several query positions on a CPU where agentr1's AMX
+backward kernel does not run (`TrainAttention`) computes its attention in float32
+(`widened_attention`) where its heads are small (the demo model's 32): torch's CPU flash
+kernel's bf16 backward is 1.3-2.6x slower than its float32 one there.
+
 Importing the module registers it under `NAME` (with ``sdpa``'s mask function), so a
 model copied or unpickled in another process of agentr1 finds it; `use_decode_sdpa(model)`
 switches a model whose attention is ``sdpa`` to it, other implementations are left as
@@ -62,6 +67,13 @@ def decode_sdpa(
         trained = train_attention(query, key, value, attention_mask, causal, scaling)
         if trained is not None:
             return trained
+    if widened_attention(query):
+        with torch.autocast("cpu", enabled=False):
+            mask = attention_mask
+            if mask is not None and mask.is_floating_point():
+                mask = mask.float()
+            q, k, v = (t.float() for t in (query, key, value))
+            return decode_sdpa(module, q, k, v, mask, dropout, scaling, is_causal, **kwargs)
     if (
         query.shape[2] > 1
         and attention_mask is not None
@@ -94,6 +106,29 @@ def decode_sdpa(
         q_BKGD, key, value, mask, D**-0.5 if scaling is None else scaling
     )
     return out_BKGD.reshape(B, Hq, 1, -1).transpose(1, 2).contiguous(), None
+
+
+WIDEN_HEAD_SIZE = 32
+"""The largest head size `widened_attention` runs in float32."""
+
+
+def widened_attention(query: torch.Tensor) -> bool:
+    """Whether a pass of several query positions under bf16 autocast on the CPU runs its
+    attention in float32: heads of at most `WIDEN_HEAD_SIZE`, where agentr1's AMX backward
+    kernel does not run (no AMX, or native kernels off). There the attention is torch's
+    CPU flash kernel, whose bf16 backward at the demo model's head size (32) is 1.3-2.6x
+    slower than its float32 one, the forwards equal; at 64 the two are within 12% of each
+    other, at 128 float32 is 1.2x slower (`benchmarks/attention_dtype.py`). Every such pass
+    widens, with gradients or without, so a run's old log-probs and its update's forward
+    compute the same attention."""
+    if query.device.type != "cpu" or query.shape[2] <= 1 or query.shape[-1] > WIDEN_HEAD_SIZE:
+        return False
+    if not (torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16):
+        return False
+    from agentr1.backends.native import attention_backward
+
+    kernel = attention_backward()
+    return kernel is None or not kernel.ready
 
 
 def grouped_masked_attention(
