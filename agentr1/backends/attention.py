@@ -108,6 +108,11 @@ def decode_sdpa(
     return out_BKGD.reshape(B, Hq, 1, -1).transpose(1, 2).contiguous(), None
 
 
+def cpu_bf16_autocast() -> bool:
+    """Whether the CPU's autocast is on and computes in bf16."""
+    return torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+
+
 WIDEN_HEAD_SIZE = 32
 """The largest head size `widened_attention` runs in float32."""
 
@@ -123,7 +128,7 @@ def widened_attention(query: torch.Tensor) -> bool:
     compute the same attention."""
     if query.device.type != "cpu" or query.shape[2] <= 1 or query.shape[-1] > WIDEN_HEAD_SIZE:
         return False
-    if not (torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16):
+    if not cpu_bf16_autocast():
         return False
     from agentr1.backends.native import attention_backward
 
@@ -220,7 +225,7 @@ def train_attention(
         and query.shape[2] > 1
     ):
         return None
-    if torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16:
+    if cpu_bf16_autocast():
         # what autocast does to scaled_dot_product_attention's inputs (the rotated query
         # and key heads come out of the rotary in float32)
         query, key, value = (t.to(torch.bfloat16) for t in (query, key, value))

@@ -10,9 +10,12 @@ import pytest
 from tests.benchmark_scripts import benchmark
 
 
-def test_every_shape_gets_both_dtypes_and_their_ratio(capsys: pytest.CaptureFixture[str]) -> None:
+def test_every_shape_gets_both_dtypes_and_their_ratio(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     script = benchmark("attention_dtype")
-    script.SHAPES = {"tiny": (1, 2, 1, 6, 9, 32, False), "tiny causal": (2, 2, 2, 5, 5, 32, True)}
+    tiny = {"tiny": (1, 2, 1, 6, 9, 32, False), "tiny causal": (2, 2, 2, 5, 5, 32, True)}
+    monkeypatch.setattr(script, "SHAPES", tiny)
     script.main(["--repeats", "1", "--threads", "1"])
     lines = capsys.readouterr().out.strip().splitlines()
     assert [line.split(": ")[0] for line in lines] == ["tiny", "tiny causal"]
