@@ -432,6 +432,21 @@ def token_logprobs(
     Returns:
         (logprobs_BT, entropy_BT), zero outside the selected positions. [B, T] each
     """
+    repeats = distinct_rows(input_ids_BT, attention_mask_BT)
+    if repeats is not None:
+        first_U, inverse_B = repeats
+        return _repeated_rows(
+            model,
+            input_ids_BT,
+            attention_mask_BT,
+            select_BT,
+            first_U,
+            inverse_B,
+            temperature=temperature,
+            chunk=chunk,
+            with_entropy=with_entropy,
+            share_prefix=share_prefix,
+        )
     backbone, head = backbone_and_head(model)
     B, T = input_ids_BT.shape
     states_MH, index_BT = hidden_states(backbone, input_ids_BT, attention_mask_BT, share_prefix)
@@ -452,6 +467,73 @@ def token_logprobs(
         out_lp = out_lp.index_put((idx_b, idx_t), torch.cat(lps))
         out_ent = out_ent.index_put((idx_b, idx_t), torch.cat(ents))
     return out_lp, out_ent
+
+
+def distinct_rows(
+    input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Where some rows repeat another (the same tokens at the same unmasked positions):
+    ``(first_U, inverse_B)``, the first row of each distinct row (in row order) and each
+    row's distinct row; None where every row is its own.
+
+    A GRPO group of a policy that is sure of itself samples the same episode several
+    times: in the demo's RL batches 1-3 of a group's 8 samples are distinct, from its
+    first step to its last (`benchmarks/RESULTS.md`, "Repeated rows computed once").
+
+    >>> ids = torch.tensor([[5, 6, 0], [7, 8, 9], [5, 6, 1]])
+    >>> mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 1, 0]])
+    >>> [t.tolist() for t in distinct_rows(ids, mask)]
+    [[0, 1], [0, 1, 0]]
+    >>> distinct_rows(ids[:2], mask[:2]) is None
+    True
+    """
+    B = input_ids_BT.shape[0]
+    if B < 2:
+        return None
+    keys = torch.where(attention_mask_BT.bool(), input_ids_BT, -1).tolist()
+    seen: dict[tuple[int, ...], int] = {}
+    first: list[int] = []
+    inverse: list[int] = []
+    for b, key in enumerate(map(tuple, keys)):
+        u = seen.setdefault(key, len(first))
+        if u == len(first):
+            first.append(b)
+        inverse.append(u)
+    if len(first) == B:
+        return None
+    device = input_ids_BT.device
+    return torch.tensor(first, device=device), torch.tensor(inverse, device=device)
+
+
+def _repeated_rows(
+    model: Any,
+    input_ids_BT: torch.Tensor,
+    attention_mask_BT: torch.Tensor,
+    select_BT: torch.Tensor | None,
+    first_U: torch.Tensor,
+    inverse_B: torch.Tensor,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`token_logprobs` of rows of which some repeat another: each distinct row computed
+    once (at the positions any of its copies selects), its results given to every copy
+    (each zero outside its own selected positions). The gradient of a copy's log-probs
+    flows into its distinct row's, summed over the copies: the gradient of computing every
+    row, up to float rounding."""
+    U = first_U.shape[0]
+    select_UT = None
+    if select_BT is not None:
+        picked_BT = select_BT.bool().to(torch.int32)
+        counts_UT = torch.zeros(U, picked_BT.shape[1], dtype=torch.int32, device=picked_BT.device)
+        select_UT = counts_UT.index_add_(0, inverse_B, picked_BT) > 0
+    lp_UT, ent_UT = token_logprobs(
+        model, input_ids_BT[first_U], attention_mask_BT[first_U], select_UT, **kwargs
+    )
+    lp_BT, ent_BT = lp_UT.index_select(0, inverse_B), ent_UT.index_select(0, inverse_B)
+    if select_BT is not None:
+        own_BT = select_BT.bool()
+        lp_BT = torch.where(own_BT, lp_BT, 0.0)
+        ent_BT = torch.where(own_BT, ent_BT, 0.0)
+    return lp_BT, ent_BT
 
 
 PASS_TOKENS = 128
@@ -578,7 +660,9 @@ def micro_batches(
     compute 8-11 thousand tokens instead of 19-26 thousand. Equal to any other cut up to
     float rounding (a row's result does not depend on its batch-mates). ``max_tokens``
     > 0 caps the tokens a pass of two rows or more computes (what its activations take:
-    `OptimConfig.micro_batch_tokens`).
+    `OptimConfig.micro_batch_tokens`). Rows that repeat another (`distinct_rows`) are
+    planned as one, whose pass takes every copy along: ``max_rows`` and ``max_tokens``
+    count the distinct rows a pass computes (`token_logprobs` computes each once).
 
     Rows 0 and 2 share 40 tokens, row 1 starts otherwise; without sharing, the two
     short rows pad least together:
@@ -591,6 +675,21 @@ def micro_batches(
     >>> [g.tolist() for g in micro_batches(ids, mask, 2, False, pass_tokens=10)]
     [[2, 1], [0]]
     """
+    repeats = distinct_rows(input_ids_BT, attention_mask_BT)
+    if repeats is not None:  # plan the distinct rows; each pass takes their copies along
+        first_U, inverse_B = repeats
+        copies: list[list[int]] = [[] for _ in range(first_U.shape[0])]
+        for b, u in enumerate(inverse_B.tolist()):
+            copies[u].append(b)
+        plan = micro_batches(
+            input_ids_BT[first_U],
+            attention_mask_BT[first_U],
+            max_rows,
+            share_prefix,
+            pass_tokens,
+            max_tokens,
+        )
+        return [torch.tensor([b for u in p.tolist() for b in copies[u]]) for p in plan]
     lengths_B = attention_mask_BT.sum(-1)
     by_len = torch.argsort(lengths_B, stable=True)
     lengths = [int(x) for x in lengths_B.tolist()]
