@@ -2,10 +2,12 @@
 
 Runs the demo recipe's own rollout (`recipes/demo.yaml`: 16 questions x 8 samples, up to
 5 turns of 48 tokens, the step's seeds) from a trained model, alternating in one process
-four settings of the `hf` generator: the default (finished rows leave the decode batch,
+five settings of the `hf` generator: the default (twins -- rows with the same tokens so
+far -- decoded as one row, ``share_twins``; finished rows leave the decode batch,
 ``compact``; decode steps through the written-out `DecodePass`, ``fast_decode``, with the
-native attention kernel, ``native_attention``), the default with torch ops for the
-attention, with transformers' forward for decode steps, and none of them. Every setting
+native attention kernel, ``native_attention``), the default with every row decoded apart,
+then also torch ops for the attention, with transformers' forward for decode steps, and
+none of them. Every setting
 samples the same episodes (row seeds: the draws do not depend on the batch) on the same machine
 state. Reports per setting the median rollout seconds, decode passes, and the decode
 batch's row-slots (rows fed per pass, summed) against the rows still live in them.
@@ -74,16 +76,18 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     assert isinstance(gen, hf.HFGenerator), "the demo samples with the hf backend"
     tasks = [state.sampler.sample(cfg.train.tasks_per_step) for _ in range(args.steps)]
     setup.policy.eval()
-    settings = {  # name: (compact, fast_decode, native_attention)
-        "default": (True, True, True),
-        "torch attention": (True, True, False),
-        "transformers' forward": (True, False, False),
-        "neither": (False, False, False),
+    settings = {  # name: (compact, fast_decode, native_attention, share_twins)
+        "default": (True, True, True, True),
+        "twins apart": (True, True, True, False),
+        "torch attention": (True, True, False, False),
+        "transformers' forward": (True, False, False, False),
+        "neither": (False, False, False, False),
     }
     rows: dict[str, list[dict[str, float]]] = {name: [] for name in settings}
     for _ in range(args.rounds):
-        for name, (compact, fast, native) in settings.items():
+        for name, (compact, fast, native, twins) in settings.items():
             gen.compact, gen.fast_decode, gen.native_attention = compact, fast, native
+            gen.share_twins = twins
             for step, step_tasks in enumerate(tasks):
                 stats = RolloutStats()
                 with PassLog() as log:
@@ -94,6 +98,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
                         "rollout_s": stats.total_s,
                         "generate_s": stats.generate_s,
                         "decode_s": stats.decode_s,
+                        "prefill_s": stats.prefill_s,
                         "passes": log.passes,
                         "row_slots": log.fed,
                         "live": log.live,
@@ -106,7 +111,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
         out[name] = med
         print(
             f"{name:>21}: rollout {med['rollout_s']:.3f} s (generate {med['generate_s']:.3f},"
-            f" decode {med['decode_s']:.3f}),"
+            f" prefill {med['prefill_s']:.3f}, decode {med['decode_s']:.3f}),"
             f" {med['passes']:.0f} decode passes, {med['row_slots']:.0f} row-slots for"
             f" {med['live']:.0f} live ({med['live'] / med['row_slots']:.0%}),"
             f" {med['tokens']:.0f} tokens"

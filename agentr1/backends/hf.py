@@ -46,6 +46,17 @@ How a batch is generated (``HFGenerator.generate``):
    beyond ``keep_cache_bytes``, and all are dropped when the session ends: the weights
    must not change inside a session. Models whose caches are not plain full-attention
    layers (sliding windows, recurrent states) do not keep rows.
+5. **Twins** (``share_twins``): rows of a chunk with the same prompt (and the same kept
+   cache) have the same tokens so far -- a GRPO group's samples, and once the policy is
+   sure of itself most of them for most of an episode (the demo's trained agent: 1-3
+   distinct episodes of 8). They are prefilled as one row of the decode batch (a
+   "line"); every row still draws its own token from its line's distribution, with its
+   own draws. Rows of a line that draw the same token stay on it; each other token
+   drawn makes a copy of the line's cache (appended to the batch) for its rows. A line
+   no unfinished row needs any more is fed padding and, once at most half the batch is
+   still needed, leaves it (the rows' caches kept first). Tokens and log-probs are those
+   of decoding every row apart, up to float rounding: a row's logits come from its
+   twin's position in the batch.
 
 Log-prob semantics (what RL needs as "old log-probs"): each returned log-prob is that of
 the sampled token under the distribution it was actually sampled from, computed in
@@ -140,6 +151,8 @@ class GenerationStats:
         decode_s: seconds in decoding: every decode pass with its sampling and
             bookkeeping, from the first token sampled to the last.
         decode_passes: decode passes (one token a row each) over all chunks.
+        twin_rows: rows of decode passes not computed because another row of the chunk
+            had the same tokens so far (summed over passes; module docstring, 5).
     """
 
     num_prompts: int = 0
@@ -152,6 +165,7 @@ class GenerationStats:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     decode_passes: int = 0
+    twin_rows: int = 0
 
     @property
     def ms_per_decode_pass(self) -> float:
@@ -177,6 +191,7 @@ class GenerationStats:
             "prefill_s": self.prefill_s,
             "decode_s": self.decode_s,
             "decode_passes": float(self.decode_passes),
+            "twin_rows": float(self.twin_rows),
         }
 
 
@@ -592,6 +607,10 @@ class HFGenerator:
             (`agentr1.backends.native.DecodeLinear`), each layer's norms, residual adds and
             SiLU gate fused into its four products; needs ``pack_weights_bytes`` room as
             the oneDNN packs do. Off, or without the kernel: oneDNN's packs and torch ops.
+        share_twins: rows of a chunk with the same tokens so far (twins: a GRPO group's
+            samples of one prompt until their draws differ) are prefilled and decoded as
+            one row of the decode batch (module docstring, 5); each row still draws its
+            own tokens. Needs a cache whose rows can be selected (`cache_layers_kv`).
     """
 
     def __init__(
@@ -606,6 +625,7 @@ class HFGenerator:
         pack_weights_bytes: int = 2 << 30,
         native_attention: bool = True,
         native_linear: bool = True,
+        share_twins: bool = True,
     ) -> None:
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
@@ -624,6 +644,8 @@ class HFGenerator:
         self.pack_weights_bytes = pack_weights_bytes
         self.native_attention = native_attention
         self.native_linear = native_linear
+        self.share_twins = share_twins
+        self._copyable: bool | None = None
         self.packs = WeightPacks()
         """The decode pass's packed weights, kept between calls (`WeightPacks`)."""
         self.last_stats = GenerationStats()
@@ -786,23 +808,11 @@ class HFGenerator:
         n = len(prompts)
         caps = caps or [params.max_new_tokens] * n
         longest = max(caps)
-        use_kept = kept if kept is not None and any(k is not None for k in kept) else None
-        # Columns the prefill lays out (`_prefill` / `_prefill_kept`), then one per token.
-        if use_kept is not None:
-            lens = [0 if k is None else len(k.tokens) for k in use_kept]
-            laid_out = max(lens) + max(len(p) - c for p, c in zip(prompts, lens, strict=True))
-        else:
-            laid_out = max(len(p) for p in prompts)
-        t_prefill = time.perf_counter()
-        cache = _new_cache(self.model, reserve=laid_out + longest)
-        decode = self._decode_pass(cache)
-        prefill = self._prefill_pass(decode)
-        if use_kept is not None:
-            logits_BV, mask_BT = self._prefill_kept(prompts, use_kept, cache, prefill)
-        else:
-            logits_BV, mask_BT = self._prefill(prompts, cache, prefill)
+        twins = _twins(prompts, kept) if self.share_twins and self._rows_copy() else None
+        if twins is not None:
+            return self._generate_twins(prompts, params, rng, kept, caps, twins)
+        cache, decode, logits_BV, mask_BT = self._start(prompts, kept, longest)
         t_decode = time.perf_counter()
-        self.last_stats.prefill_s += t_decode - t_prefill
         prefill_mask_BT = mask_BT
         # The mask of every decode step, filled once: step s feeds columns [0, width + s].
         width = mask_BT.shape[1]
@@ -851,6 +861,164 @@ class HFGenerator:
 
         if self.kept is not None:
             self._keep_rows(list(enumerate(live)), prompts, tokens, prefill_mask_BT, cache)
+        return [
+            Completion(
+                token_ids=tokens[row],
+                logprobs=logprobs[row],
+                finish_reason=finish[row] or "length",
+                metrics={
+                    "prompt_tokens": float(len(prompts[row])),
+                    "new_tokens": float(len(tokens[row])),
+                },
+            )
+            for row in range(n)
+        ]
+
+    def _rows_copy(self) -> bool:
+        """Whether this model's cache rows can be copied and dropped (every layer a plain
+        full-attention `ReservedLayer`): what twins need to split and leave."""
+        if self._copyable is None:
+            layers = getattr(_new_cache(self.model, reserve=1), "layers", None) or []
+            self._copyable = bool(layers) and all(type(x) is ReservedLayer for x in layers)
+        return self._copyable
+
+    def _start(
+        self, prompts: list[list[int]], kept: list[KeptRow | None] | None, longest: int
+    ) -> tuple[DynamicCache, DecodePass | None, torch.Tensor, torch.Tensor]:
+        """A chunk's cache (room for ``longest`` new tokens a row), decode pass, and
+        prefill (after the rows' kept caches, if any): ``(cache, decode, logits_BV,
+        mask_BT)``; the prefill's seconds go to the stats."""
+        use_kept = kept if kept is not None and any(k is not None for k in kept) else None
+        # Columns the prefill lays out (`_prefill` / `_prefill_kept`), then one per token.
+        if use_kept is not None:
+            lens = [0 if k is None else len(k.tokens) for k in use_kept]
+            laid_out = max(lens) + max(len(p) - c for p, c in zip(prompts, lens, strict=True))
+        else:
+            laid_out = max(len(p) for p in prompts)
+        t_prefill = time.perf_counter()
+        cache = _new_cache(self.model, reserve=laid_out + longest)
+        decode = self._decode_pass(cache)
+        prefill = self._prefill_pass(decode)
+        if use_kept is not None:
+            logits_BV, mask_BT = self._prefill_kept(prompts, use_kept, cache, prefill)
+        else:
+            logits_BV, mask_BT = self._prefill(prompts, cache, prefill)
+        self.last_stats.prefill_s += time.perf_counter() - t_prefill
+        return cache, decode, logits_BV, mask_BT
+
+    def _generate_twins(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        rng: RowRng,
+        kept: list[KeptRow | None] | None,
+        caps: list[int],
+        home: list[int],
+    ) -> list[Completion]:
+        """`_generate_chunk` for a chunk whose rows are twins (module docstring, 5):
+        ``home[row]`` is the first row with its prompt. The decode batch holds one row
+        per distinct history (a "line"); each chunk row samples from its line's logits
+        with its own draws, and a line whose rows draw different tokens splits (a copy of
+        its cache for each other token)."""
+        device = self.model.device
+        n = len(prompts)
+        firsts = sorted(set(home))
+        line_of = {row: i for i, row in enumerate(firsts)}
+        twin_kept = None if kept is None else [kept[r] for r in firsts]
+        cache, decode, logits_LV, mask_LT = self._start(
+            [prompts[r] for r in firsts], twin_kept, max(caps)
+        )
+        self.last_stats.shared_prefix_tokens += sum(
+            len(prompts[r]) for r in range(n) if home[r] != r
+        )
+        t_decode = time.perf_counter()
+        width = mask_LT.shape[1]
+        lines = len(firsts)
+        full_mask_LT = torch.ones((lines, width + max(caps)), dtype=mask_LT.dtype, device=device)
+        full_mask_LT[:, :width] = mask_LT
+        prefill_mask_LT = mask_LT
+        next_pos_L1 = mask_LT.sum(dim=-1, keepdim=True)
+        stop_ids = set(params.stop_token_ids)
+        tokens: list[list[int]] = [[] for _ in range(n)]
+        logprobs: list[list[float]] = [[] for _ in range(n)]
+        finish: list[Literal["stop", "length"] | None] = [None] * n
+        live = list(range(n))  # the chunk's row at each position of the draws
+        line = [line_of[home[row]] for row in live]  # each live row's line
+        rests: list[tuple[int, int]] = []  # (line, row) of rows that left `live`
+        for step in range(max(caps)):
+            if lines == len(live) and line == list(range(lines)):
+                logits_BV = logits_LV
+            else:
+                logits_BV = logits_LV.index_select(0, torch.tensor(line, device=device))
+            tokens_B, logprobs_B = sample_next(logits_BV, params, rng)
+            drawn = tokens_B.tolist()
+            for row, tok, lp in zip(live, drawn, logprobs_B.tolist(), strict=True):
+                if finish[row] is not None:
+                    continue
+                tokens[row].append(tok)
+                logprobs[row].append(lp)
+                if self._is_stop(tokens[row], params, stop_ids):
+                    finish[row] = "stop"
+                elif len(tokens[row]) == caps[row]:
+                    finish[row] = "length"
+            if all(f is not None for f in finish) or step == max(caps) - 1:
+                break
+            # The unfinished rows' next lines: (line, token) pairs, the first token of a
+            # line keeping it, every other one a copy of it appended to the batch.
+            feed = [self.pad_id] * lines
+            claimed = [False] * lines
+            copies: list[int] = []
+            where: dict[tuple[int, int], int] = {}
+            for i, row in enumerate(live):
+                if finish[row] is not None:
+                    continue
+                key = (line[i], drawn[i])
+                at = where.get(key)
+                if at is None:
+                    if not claimed[line[i]]:
+                        at, claimed[line[i]] = line[i], True
+                        feed[at] = drawn[i]
+                    else:
+                        at = lines + len(copies)
+                        copies.append(line[i])
+                        feed.append(drawn[i])
+                    where[key] = at
+                line[i] = at
+            if copies:
+                at_L = torch.tensor(list(range(lines)) + copies, device=device)
+                cache.batch_select_indices(at_L)
+                full_mask_LT, prefill_mask_LT = full_mask_LT[at_L], prefill_mask_LT[at_L]
+                next_pos_L1 = next_pos_L1[at_L]
+                claimed += [True] * len(copies)
+                lines += len(copies)
+            idle = claimed.count(False)
+            if idle >= max(MIN_COMPACT_ROWS, lines / 2):  # lines no row decodes any more
+                rests += [(line[i], row) for i, row in enumerate(live) if finish[row] is not None]
+                gone = [(at, row) for at, row in rests if not claimed[at]]
+                if self.kept is not None:  # the leaving lines' rows, before they go
+                    self._keep_rows(gone, prompts, tokens, prefill_mask_LT, cache)
+                stay = [at for at in range(lines) if claimed[at]]
+                moved = {at: j for j, at in enumerate(stay)}
+                at_L = torch.tensor(stay, device=device)
+                cache.batch_select_indices(at_L)
+                full_mask_LT, prefill_mask_LT = full_mask_LT[at_L], prefill_mask_LT[at_L]
+                next_pos_L1, feed = next_pos_L1[at_L], [feed[at] for at in stay]
+                rests = [(moved[at], row) for at, row in rests if claimed[at]]
+                going = [i for i, row in enumerate(live) if finish[row] is None]
+                rng = _select_rows(rng, torch.tensor(going, device=device), n)
+                live = [live[i] for i in going]
+                line = [moved[line[i]] for i in going]
+                lines, idle = len(stay), 0
+            self.last_stats.twin_rows += sum(finish[row] is None for row in live) - lines + idle
+            feed_L1 = torch.tensor(feed, device=device)[:, None]
+            mask_BT = full_mask_LT[:, : width + step + 1]
+            logits_LV = self._decode_step(feed_L1, mask_BT, next_pos_L1, cache, decode)
+            self.last_stats.decode_passes += 1
+            next_pos_L1 = next_pos_L1 + 1
+        self.last_stats.decode_s += time.perf_counter() - t_decode
+        if self.kept is not None:
+            rows = rests + [(line[i], row) for i, row in enumerate(live)]
+            self._keep_rows(rows, prompts, tokens, prefill_mask_LT, cache)
         return [
             Completion(
                 token_ids=tokens[row],
@@ -990,15 +1158,19 @@ class HFGenerator:
         if layers_kv is None or self.keep_cache_bytes == 0:
             return
         width = prefill_mask_BT.shape[1]
+        made: dict[tuple[int, int], list[tuple[torch.Tensor, torch.Tensor]]] = {}
         for at, row in rows:
             fed = tokens[row][:-1]
-            cols_L = torch.cat(
-                [
-                    prefill_mask_BT[at].nonzero().squeeze(-1),
-                    torch.arange(width, width + len(fed), device=prefill_mask_BT.device),
-                ]
-            )
-            kv = [(k[at][:, cols_L], v[at][:, cols_L]) for k, v in layers_kv]
+            kv = made.get((at, len(fed)))  # twins of one line share their copy
+            if kv is None:
+                cols_L = torch.cat(
+                    [
+                        prefill_mask_BT[at].nonzero().squeeze(-1),
+                        torch.arange(width, width + len(fed), device=prefill_mask_BT.device),
+                    ]
+                )
+                kv = [(k[at][:, cols_L], v[at][:, cols_L]) for k, v in layers_kv]
+                made[(at, len(fed))] = kv
             self.kept.put(KeptRow(prompts[row] + fed, kv))
 
     def _is_stop(self, row_tokens: list[int], params: SamplingParams, stop_ids: set[int]) -> bool:
@@ -1010,6 +1182,24 @@ class HFGenerator:
         if self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer to decode generated tokens")
         return ends_with_stop_string(row_tokens, params.stop, self.tokenizer)
+
+
+def _twins(prompts: list[list[int]], kept: list[KeptRow | None] | None) -> list[int] | None:
+    """Per row of a chunk, the first row with the same prompt and the same kept cache
+    length (itself if none); None when every row is its own.
+
+    >>> _twins([[1, 2], [3], [1, 2]], None)
+    [0, 1, 0]
+    >>> _twins([[1, 2], [3]], None) is None
+    True
+    """
+    first: dict[tuple[int, tuple[int, ...]], int] = {}
+    home = []
+    for row, prompt in enumerate(prompts):
+        k = kept[row] if kept is not None else None
+        key = (0 if k is None else len(k.tokens), tuple(prompt))
+        home.append(first.setdefault(key, row))
+    return home if len(first) < len(prompts) else None
 
 
 def _new_cache(model: PreTrainedModel, reserve: int = 0) -> DynamicCache:

@@ -310,8 +310,9 @@ def test_shared_prompt_prefix_is_prefilled_once_and_changes_nothing(
     ):
         shared_gen = HFGenerator(model)
         shared = shared_gen.generate(prompts, params)
-        assert shared_gen.last_stats.shared_prefix_tokens == 40 * (len(prompts) - 1)
-        plain_gen = HFGenerator(model, share_prefix=False)
+        # the distinct prompts' prefix once; the repeated prompt (a twin) not at all
+        assert shared_gen.last_stats.shared_prefix_tokens == 40 * 3 + len(prompts[4])
+        plain_gen = HFGenerator(model, share_prefix=False, share_twins=False)
         plain = plain_gen.generate(prompts, params)
         assert plain_gen.last_stats.shared_prefix_tokens == 0
         for prompt, a, b in zip(prompts, shared, plain, strict=True):
@@ -326,13 +327,72 @@ def test_shared_prompt_prefix_is_prefilled_once_and_changes_nothing(
 
 def test_identical_prompts_keep_one_token_each_to_prefill(model: LlamaForCausalLM) -> None:
     prompt = list(range(4, 4 + 50))
-    gen = HFGenerator(model)
+    gen = HFGenerator(model, share_twins=False)
     out = gen.generate([prompt] * 3, SamplingParams(max_new_tokens=5, temperature=0.0))
     assert gen.last_stats.shared_prefix_tokens == 49 * 2
+    twins = HFGenerator(model)  # the same rows as twins: one row prefilled and decoded
+    greedy = SamplingParams(max_new_tokens=5, temperature=0.0)
+    assert [o.token_ids for o in twins.generate([prompt] * 3, greedy)] == [o.token_ids for o in out]
+    assert twins.last_stats.shared_prefix_tokens == 50 * 2
+    assert twins.last_stats.twin_rows == 2 * 4  # two rows of each of the 4 decode passes
     alone = HFGenerator(model, share_prefix=False).generate(
         [prompt], SamplingParams(max_new_tokens=5, temperature=0.0)
     )
     assert all(o.token_ids == alone[0].token_ids for o in out)
+
+
+@pytest.mark.parametrize("seeds", [None, [5, 6, 7, 8, 9, 10, 11, 12]])
+def test_twins_decode_as_one_row_until_their_draws_differ_and_change_nothing(
+    model: LlamaForCausalLM, seeds: list[int] | None
+) -> None:
+    """A GRPO-like chunk: two prompts x 4 samples (twins until their draws differ), one
+    twin capped early, a stop token, three turns in a session (kept caches, twins again
+    where a turn's prompts are equal): the same tokens and log-probs as decoding every
+    row, each log-prob that of a full uncached forward, with fewer rows decoded."""
+    import copy
+
+    peaked = copy.deepcopy(model)  # sure of itself, as a trained policy: twins stay twins
+    with torch.no_grad():
+        peaked.lm_head.weight.mul_(6.0)
+    g = torch.Generator().manual_seed(21)
+    a, b = (torch.randint(4, VOCAB, (n,), generator=g).tolist() for n in (40, 45))
+    params = SamplingParams(
+        max_new_tokens=10,
+        temperature=1.0,
+        top_p=0.95,
+        stop_token_ids=[7],
+        seed=4 if seeds is None else None,
+        row_seeds=seeds,
+        row_max_new_tokens=[10, 10, 4, 10, 10, 10, 10, 10],
+    )
+    runs = []
+    for share in (True, False):
+        gen = HFGenerator(peaked, share_twins=share)
+        twin_rows = 0
+        with gen.session():
+            prompts, outs = [a] * 4 + [b] * 4, []
+            for turn in range(3):
+                outs.append(gen.generate(prompts, params))
+                twin_rows += gen.last_stats.twin_rows
+                response = [9, 10 + turn]  # the same "tool response" to equal episodes
+                prompts = [
+                    p + o.token_ids + response for p, o in zip(prompts, outs[-1], strict=True)
+                ]
+        runs.append((outs, twin_rows))
+    (got, twin_rows), (want, none) = runs
+    assert none == 0 and twin_rows > 0
+    for call_got, call_want in zip(got, want, strict=True):
+        for x, y in zip(call_got, call_want, strict=True):
+            assert x.token_ids == y.token_ids and x.finish_reason == y.finish_reason
+            assert x.logprobs == pytest.approx(y.logprobs, abs=1e-4)
+    first = got[0]
+    assert len(first[2].token_ids) <= 4  # its own cap
+    assert len({tuple(o.token_ids) for o in first[:4]}) > 1  # some twins split
+    prompt = [a] * 4 + [b] * 4
+    for row, o in enumerate(first):
+        assert o.logprobs == pytest.approx(
+            reference_logprobs(peaked, prompt[row], o, params), abs=1e-4
+        )
 
 
 def three_turns(
