@@ -183,8 +183,8 @@ class DataParallel:
         return torch.nn.utils.clip_grad_norm_(params, max_norm)
 
     def reduce_metrics(self, means: MetricMeans) -> None:
-        """Sums and counts of every metric over ranks; a rank that logged no value of a
-        metric (it had no rows) adds nothing to it."""
+        """Weighted sums and weights of every metric over ranks; a rank that logged no
+        value of a metric (it had no rows) adds nothing to it."""
         import torch.distributed as dist
 
         names: list[list[str]] = [[] for _ in range(self.world)]
@@ -192,9 +192,9 @@ class DataParallel:
             dist.all_gather_object(names, list(means.sums))
             keys = list(dict.fromkeys(k for ks in names for k in ks))  # the same on every rank
             sums = [means.sums.get(k, 0.0) for k in keys]
-            counts = [float(means.counts.get(k, 0)) for k in keys]
+            counts = [float(means.counts.get(k, 0.0)) for k in keys]
             t = torch.tensor(sums + counts, dtype=torch.float64, device=self.device)
             dist.all_reduce(t)
         n = len(keys)
         means.sums = {k: float(t[i]) for i, k in enumerate(keys)}
-        means.counts = {k: int(t[n + i]) for i, k in enumerate(keys)}
+        means.counts = {k: float(t[n + i]) for i, k in enumerate(keys)}

@@ -135,15 +135,25 @@ class _Terms:
 
 @dataclass
 class MetricMeans:
-    """Running means of scalar metrics over micro-batches / optimizer steps."""
+    """Running weighted means of scalar metrics over micro-batches / optimizer steps.
+
+    A micro-batch's metrics weigh its share of its minibatch's aggregation denominator
+    (the weight its loss is backpropagated with), so a minibatch's logged policy loss,
+    entropy or KL is the minibatch's whatever cut `micro_batches` made (an unweighted mean
+    of micro-batches moved with the cut: a batch of repeated rows, planned as fewer
+    passes, logged another policy loss); a per-minibatch metric (``grad_norm``) weighs 1,
+    as each minibatch's micro-batches together do."""
 
     sums: dict[str, float] = field(default_factory=dict)
-    counts: dict[str, int] = field(default_factory=dict)
+    counts: dict[str, float] = field(default_factory=dict)
+    """The weights summed per metric."""
 
-    def add(self, values: dict[str, float]) -> None:
+    def add(self, values: dict[str, float], weight: float = 1.0) -> None:
+        if weight <= 0.0:
+            return  # a micro-batch with no aggregated token: nothing of it is trained
         for k, v in values.items():
-            self.sums[k] = self.sums.get(k, 0.0) + v
-            self.counts[k] = self.counts.get(k, 0) + 1
+            self.sums[k] = self.sums.get(k, 0.0) + weight * v
+            self.counts[k] = self.counts.get(k, 0.0) + weight
 
     def means(self) -> dict[str, float]:
         return {k: self.sums[k] / self.counts[k] for k in self.sums}
@@ -254,11 +264,11 @@ def _accumulate(
     if t.train_policy:
         pl, pm = policy_terms(learner.policy, mc, t, seen)
         loss = loss + pl
-        log_to.add(pm)
+        log_to.add(pm, weight)
     if learner.critic is not None and mc.returns_BT is not None and mc.old_values_BT is not None:
         vl, vm = critic_terms(learner.critic, mc, t.algo)
         loss = loss + vl
-        log_to.add(vm)
+        log_to.add(vm, weight)
     finite = bool(torch.isfinite(loss))
     if finite or lockstep:
         (loss * weight).backward()

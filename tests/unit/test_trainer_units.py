@@ -262,6 +262,33 @@ def test_micro_batching_gives_the_same_update(mode: str) -> None:
     )
 
 
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
+def test_logged_metrics_do_not_depend_on_the_micro_batch_cut(mode: str) -> None:
+    """Rows of different lengths cut one, three or four a pass: the update logs the same
+    policy loss, entropy, KL and clip fraction (each micro-batch's metrics weighted by its
+    share of the minibatch's denominator, as its loss is)."""
+    logged = []
+    for micro in (4, 1, 3):
+        model = tiny_llama()
+        ub = make_update_batch(model)
+        ub.advantages_BT = ub.advantages_BT + 0.5 * ub.loss_mask_BT  # a non-zero mean loss
+        logged.append(
+            rl_update(
+                Learner(model, torch.optim.SGD(model.parameters(), lr=0.1)),
+                ub,
+                AlgoConfig(agg_mode=mode, entropy_coef=0.01),
+                OptimConfig(micro_batch_size=micro, grad_clip=1e9),
+                1.0,
+                torch.Generator().manual_seed(0),
+            )
+        )
+    names = set(logged[0]) - {"lr", "skipped_updates"}
+    assert {"policy_loss", "entropy", "grad_norm"} <= names
+    for other in logged[1:]:
+        for k in names:
+            assert other[k] == pytest.approx(logged[0][k], rel=1e-5, abs=1e-7), k
+
+
 def test_non_finite_update_is_skipped_and_weights_unchanged() -> None:
     model = tiny_llama()
     before = [p.detach().clone() for p in model.parameters()]
