@@ -824,19 +824,14 @@ class HFGenerator:
 
         tokens: list[list[int]] = [[] for _ in range(n)]
         logprobs: list[list[float]] = [[] for _ in range(n)]
-        finish: list[Literal["stop", "length"] | None] = [None] * n
+        finish: list[Finish] = [None] * n
         live = list(range(n))  # the chunk's row at each position of the decode batch
         for step in range(longest):
             tokens_B, logprobs_B = sample_next(logits_BV, params, rng)
-            for row, tok, lp in zip(live, tokens_B.tolist(), logprobs_B.tolist(), strict=True):
-                if finish[row] is not None:
-                    continue  # frozen: this row was fed padding
-                tokens[row].append(tok)
-                logprobs[row].append(lp)
-                if self._is_stop(tokens[row], params, stop_ids):
-                    finish[row] = "stop"
-                elif len(tokens[row]) == caps[row]:
-                    finish[row] = "length"
+            drawn = tokens_B.tolist()
+            self._record(
+                live, drawn, logprobs_B.tolist(), (tokens, logprobs, finish, caps), params, stop_ids
+            )
             if all(f is not None for f in finish) or step == longest - 1:
                 break
             done = [finish[row] is not None for row in live]
@@ -861,18 +856,7 @@ class HFGenerator:
 
         if self.kept is not None:
             self._keep_rows(list(enumerate(live)), prompts, tokens, prefill_mask_BT, cache)
-        return [
-            Completion(
-                token_ids=tokens[row],
-                logprobs=logprobs[row],
-                finish_reason=finish[row] or "length",
-                metrics={
-                    "prompt_tokens": float(len(prompts[row])),
-                    "new_tokens": float(len(tokens[row])),
-                },
-            )
-            for row in range(n)
-        ]
+        return _completions(prompts, tokens, logprobs, finish)
 
     def _rows_copy(self) -> bool:
         """Whether this model's cache rows can be copied and dropped (every layer a plain
@@ -941,7 +925,7 @@ class HFGenerator:
         stop_ids = set(params.stop_token_ids)
         tokens: list[list[int]] = [[] for _ in range(n)]
         logprobs: list[list[float]] = [[] for _ in range(n)]
-        finish: list[Literal["stop", "length"] | None] = [None] * n
+        finish: list[Finish] = [None] * n
         live = list(range(n))  # the chunk's row at each position of the draws
         line = [line_of[home[row]] for row in live]  # each live row's line
         rests: list[tuple[int, int]] = []  # (line, row) of rows that left `live`
@@ -952,15 +936,9 @@ class HFGenerator:
                 logits_BV = logits_LV.index_select(0, torch.tensor(line, device=device))
             tokens_B, logprobs_B = sample_next(logits_BV, params, rng)
             drawn = tokens_B.tolist()
-            for row, tok, lp in zip(live, drawn, logprobs_B.tolist(), strict=True):
-                if finish[row] is not None:
-                    continue
-                tokens[row].append(tok)
-                logprobs[row].append(lp)
-                if self._is_stop(tokens[row], params, stop_ids):
-                    finish[row] = "stop"
-                elif len(tokens[row]) == caps[row]:
-                    finish[row] = "length"
+            self._record(
+                live, drawn, logprobs_B.tolist(), (tokens, logprobs, finish, caps), params, stop_ids
+            )
             if all(f is not None for f in finish) or step == max(caps) - 1:
                 break
             # The unfinished rows' next lines: (line, token) pairs, the first token of a
@@ -1019,18 +997,29 @@ class HFGenerator:
         if self.kept is not None:
             rows = rests + [(line[i], row) for i, row in enumerate(live)]
             self._keep_rows(rows, prompts, tokens, prefill_mask_LT, cache)
-        return [
-            Completion(
-                token_ids=tokens[row],
-                logprobs=logprobs[row],
-                finish_reason=finish[row] or "length",
-                metrics={
-                    "prompt_tokens": float(len(prompts[row])),
-                    "new_tokens": float(len(tokens[row])),
-                },
-            )
-            for row in range(n)
-        ]
+        return _completions(prompts, tokens, logprobs, finish)
+
+    def _record(
+        self,
+        live: list[int],
+        drawn: list[int],
+        drawn_logprobs: list[float],
+        rows: tuple[list[list[int]], list[list[float]], list[Finish], list[int]],
+        params: SamplingParams,
+        stop_ids: set[int],
+    ) -> None:
+        """Append each live row's drawn token and log-prob (rows finished already were
+        fed padding: theirs are dropped); a row ends with "stop" or at its cap."""
+        tokens, logprobs, finish, caps = rows
+        for row, tok, lp in zip(live, drawn, drawn_logprobs, strict=True):
+            if finish[row] is not None:
+                continue
+            tokens[row].append(tok)
+            logprobs[row].append(lp)
+            if self._is_stop(tokens[row], params, stop_ids):
+                finish[row] = "stop"
+            elif len(tokens[row]) == caps[row]:
+                finish[row] = "length"
 
     def _decode_step(
         self,
@@ -1182,6 +1171,31 @@ class HFGenerator:
         if self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer to decode generated tokens")
         return ends_with_stop_string(row_tokens, params.stop, self.tokenizer)
+
+
+Finish = Literal["stop", "length"] | None
+"""How a row of a chunk ended (None: not yet)."""
+
+
+def _completions(
+    prompts: list[list[int]],
+    tokens: list[list[int]],
+    logprobs: list[list[float]],
+    finish: list[Finish],
+) -> list[Completion]:
+    """A chunk's rows as completions (a row still going at the end reached its cap)."""
+    return [
+        Completion(
+            token_ids=tokens[row],
+            logprobs=logprobs[row],
+            finish_reason=finish[row] or "length",
+            metrics={
+                "prompt_tokens": float(len(prompts[row])),
+                "new_tokens": float(len(tokens[row])),
+            },
+        )
+        for row in range(len(prompts))
+    ]
 
 
 def _twins(prompts: list[list[int]], kept: list[KeptRow | None] | None) -> list[int] | None:
