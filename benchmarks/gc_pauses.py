@@ -24,11 +24,11 @@ import time
 from contextlib import nullcontext
 from typing import Any
 
-from agentr1.config import load_config
+from agentr1.config import Config, load_config
 from agentr1.trainer.loop import close_run, rl_step
 from agentr1.trainer.run import RunDir
 from agentr1.trainer.setup import build_setup
-from agentr1.trainer.state import make_state, settled_heap
+from agentr1.trainer.state import TrainState, make_state, settled_heap
 
 RECIPE = "recipes/demo.yaml"
 
@@ -61,6 +61,23 @@ class Collections:
         gc.callbacks.remove(self)
 
 
+def demo_rl(model: str, run_dir: str, overrides: list[str]) -> tuple[Config, RunDir, TrainState]:
+    """The demo recipe's RL from ``model`` (SFT off, no trajectories logged) in
+    ``run_dir``: its config, run directory and training state, before the first step."""
+    cfg = load_config(
+        RECIPE,
+        [
+            f"model.path={model}",
+            "sft.enabled=false",
+            f"train.run_dir={run_dir}",
+            "train.log_trajectories=0",
+            *overrides,
+        ],
+    )
+    state = make_state(build_setup(cfg))
+    return cfg, RunDir(cfg.train.run_dir, cfg, fresh=True), state
+
+
 def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--model", required=True, help="a model directory (the demo's SFT or final)")
@@ -69,19 +86,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     ap.add_argument("overrides", nargs="*", help="section.field=value for the recipe")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as run_dir:
-        cfg = load_config(
-            RECIPE,
-            [
-                f"model.path={args.model}",
-                "sft.enabled=false",
-                f"train.run_dir={run_dir}",
-                "train.log_trajectories=0",
-                *args.overrides,
-            ],
-        )
-        setup = build_setup(cfg)
-        run = RunDir(cfg.train.run_dir, cfg, fresh=True)
-        state = make_state(setup)
+        _, run, state = demo_rl(args.model, run_dir, args.overrides)
         rows: dict[str, list[dict[str, float]]] = {"plain": [], "settled": []}
         try:
             rl_step(state, run)  # the first step builds what the others reuse

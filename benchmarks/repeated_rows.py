@@ -29,17 +29,14 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+from gc_pauses import demo_rl
 
-from agentr1.config import load_config
 from agentr1.trainer import logprobs
 from agentr1.trainer import loop as trainer_loop
 from agentr1.trainer.loop import close_run, rl_step
-from agentr1.trainer.run import RunDir
-from agentr1.trainer.setup import build_setup, train_autocast
-from agentr1.trainer.state import make_state
+from agentr1.trainer.setup import train_autocast
 from agentr1.trainer.update import rl_update
 
-RECIPE = "recipes/demo.yaml"
 SETTINGS = ("collapsed", "every row")
 
 
@@ -84,19 +81,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return rl_update(*a, **kw)
 
     with tempfile.TemporaryDirectory() as run_dir:
-        cfg = load_config(
-            RECIPE,
-            [
-                f"model.path={args.model}",
-                "sft.enabled=false",
-                f"train.run_dir={run_dir}",
-                "train.log_trajectories=0",
-                *args.overrides,
-            ],
-        )
-        setup = build_setup(cfg)
-        run = RunDir(cfg.train.run_dir, cfg, fresh=True)
-        state = make_state(setup)
+        cfg, run, state = demo_rl(args.model, run_dir, args.overrides)
+        setup = state.setup
         trainer_loop.rl_update = keep  # type: ignore[assignment]
         try:
             for _ in range(args.steps):
