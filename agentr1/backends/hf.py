@@ -793,71 +793,6 @@ class HFGenerator:
         logits_BV: torch.Tensor = out.logits[:, -1, :].float()
         return logits_BV
 
-    def _generate_chunk(
-        self,
-        prompts: list[list[int]],
-        params: SamplingParams,
-        rng: RowRng,
-        kept: list[KeptRow | None] | None = None,
-        caps: list[int] | None = None,
-    ) -> list[Completion]:
-        """Prefill (after the rows' kept caches, if any) then decode one left-padded chunk
-        until every row has finished; row ``i`` stops with "length" at ``caps[i]`` tokens
-        (default ``params.max_new_tokens``)."""
-        device = self.model.device
-        n = len(prompts)
-        caps = caps or [params.max_new_tokens] * n
-        longest = max(caps)
-        twins = _twins(prompts, kept) if self.share_twins and self._rows_copy() else None
-        if twins is not None:
-            return self._generate_twins(prompts, params, rng, kept, caps, twins)
-        cache, decode, logits_BV, mask_BT = self._start(prompts, kept, longest)
-        t_decode = time.perf_counter()
-        prefill_mask_BT = mask_BT
-        # The mask of every decode step, filled once: step s feeds columns [0, width + s].
-        width = mask_BT.shape[1]
-        full_mask_BT = torch.ones((n, width + longest), dtype=mask_BT.dtype, device=device)
-        full_mask_BT[:, :width] = mask_BT
-        next_pos_B1 = mask_BT.sum(dim=-1, keepdim=True)  # position of the next token per row
-        stop_ids = set(params.stop_token_ids)
-        can_compact = self.compact and cache_layers_kv(cache) is not None
-
-        tokens: list[list[int]] = [[] for _ in range(n)]
-        logprobs: list[list[float]] = [[] for _ in range(n)]
-        finish: list[Finish] = [None] * n
-        live = list(range(n))  # the chunk's row at each position of the decode batch
-        for step in range(longest):
-            tokens_B, logprobs_B = sample_next(logits_BV, params, rng)
-            drawn = tokens_B.tolist()
-            self._record(
-                live, drawn, logprobs_B.tolist(), (tokens, logprobs, finish, caps), params, stop_ids
-            )
-            if all(f is not None for f in finish) or step == longest - 1:
-                break
-            done = [finish[row] is not None for row in live]
-            if can_compact and sum(done) >= max(MIN_COMPACT_ROWS, len(live) / 2):
-                at_B = torch.tensor([i for i, d in enumerate(done) if not d], device=device)
-                if self.kept is not None:  # the leaving rows' caches, before they go
-                    gone = [(i, row) for i, row in enumerate(live) if done[i]]
-                    self._keep_rows(gone, prompts, tokens, prefill_mask_BT, cache)
-                cache.batch_select_indices(at_B)
-                full_mask_BT, prefill_mask_BT = full_mask_BT[at_B], prefill_mask_BT[at_B]
-                next_pos_B1, tokens_B = next_pos_B1[at_B], tokens_B[at_B]
-                rng = _select_rows(rng, at_B, n)
-                live = [row for row, d in zip(live, done, strict=True) if not d]
-                done = [False] * len(live)
-            done_B = torch.tensor(done, device=device)
-            feed_B1 = torch.where(done_B, self.pad_id, tokens_B)[:, None]
-            mask_BT = full_mask_BT[:, : width + step + 1]
-            logits_BV = self._decode_step(feed_B1, mask_BT, next_pos_B1, cache, decode)
-            self.last_stats.decode_passes += 1
-            next_pos_B1 = next_pos_B1 + 1
-        self.last_stats.decode_s += time.perf_counter() - t_decode
-
-        if self.kept is not None:
-            self._keep_rows(list(enumerate(live)), prompts, tokens, prefill_mask_BT, cache)
-        return _completions(prompts, tokens, logprobs, finish)
-
     def _rows_copy(self) -> bool:
         """Whether this model's cache rows can be copied and dropped (every layer a plain
         full-attention `ReservedLayer`): what twins need to split and leave."""
@@ -890,27 +825,34 @@ class HFGenerator:
         self.last_stats.prefill_s += time.perf_counter() - t_prefill
         return cache, decode, logits_BV, mask_BT
 
-    def _generate_twins(
+    def _generate_chunk(
         self,
         prompts: list[list[int]],
         params: SamplingParams,
         rng: RowRng,
-        kept: list[KeptRow | None] | None,
-        caps: list[int],
-        home: list[int],
+        kept: list[KeptRow | None] | None = None,
+        caps: list[int] | None = None,
     ) -> list[Completion]:
-        """`_generate_chunk` for a chunk whose rows are twins (module docstring, 5):
-        ``home[row]`` is the first row with its prompt. The decode batch holds one row
-        per distinct history (a "line"); each chunk row samples from its line's logits
-        with its own draws, and a line whose rows draw different tokens splits (a copy of
-        its cache for each other token)."""
+        """Prefill (after the rows' kept caches, if any) then decode one left-padded chunk
+        until every row has finished; row ``i`` stops with "length" at ``caps[i]`` tokens
+        (default ``params.max_new_tokens``).
+
+        The decode batch holds a "line" per distinct history: each row its own, but
+        twins (module docstring, 5) share one. Each row samples from its line's logits
+        with its own draws; a line whose rows draw different tokens splits (a copy of its
+        cache for each other token), and lines no unfinished row needs leave the batch
+        once they are half of it (module docstring, 3)."""
         device = self.model.device
         n = len(prompts)
+        caps = caps or [params.max_new_tokens] * n
+        longest = max(caps)
+        twins = _twins(prompts, kept) if self.share_twins and self._rows_copy() else None
+        home = twins if twins is not None else list(range(n))  # each row's first twin
         firsts = sorted(set(home))
         line_of = {row: i for i, row in enumerate(firsts)}
         twin_kept = None if kept is None else [kept[r] for r in firsts]
         cache, decode, logits_LV, mask_LT = self._start(
-            [prompts[r] for r in firsts], twin_kept, max(caps)
+            [prompts[r] for r in firsts], twin_kept, longest
         )
         self.last_stats.shared_prefix_tokens += sum(
             len(prompts[r]) for r in range(n) if home[r] != r
@@ -918,18 +860,19 @@ class HFGenerator:
         t_decode = time.perf_counter()
         width = mask_LT.shape[1]
         lines = len(firsts)
-        full_mask_LT = torch.ones((lines, width + max(caps)), dtype=mask_LT.dtype, device=device)
+        full_mask_LT = torch.ones((lines, width + longest), dtype=mask_LT.dtype, device=device)
         full_mask_LT[:, :width] = mask_LT
         prefill_mask_LT = mask_LT
         next_pos_L1 = mask_LT.sum(dim=-1, keepdim=True)
         stop_ids = set(params.stop_token_ids)
+        can_compact = self.compact and cache_layers_kv(cache) is not None
         tokens: list[list[int]] = [[] for _ in range(n)]
         logprobs: list[list[float]] = [[] for _ in range(n)]
         finish: list[Finish] = [None] * n
         live = list(range(n))  # the chunk's row at each position of the draws
         line = [line_of[home[row]] for row in live]  # each live row's line
         rests: list[tuple[int, int]] = []  # (line, row) of rows that left `live`
-        for step in range(max(caps)):
+        for step in range(longest):
             if lines == len(live) and line == list(range(lines)):
                 logits_BV = logits_LV
             else:
@@ -939,7 +882,7 @@ class HFGenerator:
             self._record(
                 live, drawn, logprobs_B.tolist(), (tokens, logprobs, finish, caps), params, stop_ids
             )
-            if all(f is not None for f in finish) or step == max(caps) - 1:
+            if all(f is not None for f in finish) or step == longest - 1:
                 break
             # The unfinished rows' next lines: (line, token) pairs, the first token of a
             # line keeping it, every other one a copy of it appended to the batch.
@@ -970,7 +913,7 @@ class HFGenerator:
                 claimed += [True] * len(copies)
                 lines += len(copies)
             idle = claimed.count(False)
-            if idle >= max(MIN_COMPACT_ROWS, lines / 2):  # lines no row decodes any more
+            if can_compact and idle >= max(MIN_COMPACT_ROWS, lines / 2):  # lines no row needs
                 rests += [(line[i], row) for i, row in enumerate(live) if finish[row] is not None]
                 gone = [(at, row) for at, row in rests if not claimed[at]]
                 if self.kept is not None:  # the leaving lines' rows, before they go
